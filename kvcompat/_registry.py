@@ -1,0 +1,331 @@
+"""Recognising pool classes without importing their engine, and building adapters.
+
+A *family* says what kind of pool a class is and how to adapt it. Families are
+registered by the class's qualified name (``"package.module.ClassName"``); a
+class is recognised by walking its MRO and looking each base up by name, so
+subclasses (``HiSparseC4DevicePool`` under ``DeepSeekV4SingleKVPool``) and test
+doubles derived from real classes are recognised too. Each name match is
+confirmed against ``sys.modules``: if the engine was never imported, none of
+its classes can be present, and nothing here ever imports it.
+
+The per-type answer is cached; the cache is guarded by a lock for writers and
+read without one (a dict lookup is atomic).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvcompat._errors import UnsupportedPoolError
+from kvcompat._protocol import KVPoolProtocol, PoolKind
+from kvcompat.adapters._composite import CompositeAdapter
+from kvcompat.adapters._leaf import LeafAdapter
+
+__all__ = [
+    "Family",
+    "adapt",
+    "adapt_part",
+    "family_of",
+    "qualified_name",
+    "register_adapter",
+    "unregister_adapter",
+]
+
+Factory = Callable[[Any], KVPoolProtocol]
+
+
+@dataclass(frozen=True)
+class Family:
+    """What kvcompat knows about one pool class.
+
+    Attributes:
+        qualname: ``"module.ClassName"`` of the class the family was registered for.
+        kind: the pool kind, or None for a recognised but unsupported class.
+        leaf: the leaf adapter class (for pools that can also be a composite's part).
+        build: builds an adapter from a native pool (leaf families use ``leaf``).
+        reason: why a recognised class is unsupported (``kind is None``).
+    """
+
+    qualname: str
+    kind: PoolKind | None
+    leaf: type[LeafAdapter] | None = None
+    build: Factory | None = None
+    reason: str | None = None
+
+    def make(self, native: Any) -> KVPoolProtocol:
+        """Build an adapter for ``native`` (which must be of this family)."""
+        if self.build is not None:
+            return self.build(native)
+        if self.leaf is not None:
+            return self.leaf(native)
+        raise _unsupported(native, self)
+
+
+_lock = threading.Lock()
+_families: dict[str, Family] = {}
+# Class-name fallback for engine modules that moved between releases: only
+# consulted for classes whose module starts with one of these prefixes.
+_by_class_name: dict[tuple[str, str], Family] = {}
+_cache: dict[type, Family | None] = {}
+_MISSING = object()
+
+
+def qualified_name(cls: type) -> str:
+    """``"module.QualName"`` of a class.
+
+    Example:
+        >>> qualified_name(int)
+        'builtins.int'
+    """
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _install(family: Family, *, name_fallback: str | None = None) -> None:
+    _families[family.qualname] = family
+    if name_fallback is not None:
+        short = family.qualname.rsplit(".", 1)[1]
+        _by_class_name[(name_fallback, short)] = family
+
+
+def _confirmed(cls: type) -> bool:
+    """The class really lives where its name says (its module is imported and holds it)."""
+    module = sys.modules.get(cls.__module__)
+    if module is None:
+        return False
+    target: Any = module
+    for part in cls.__qualname__.split("."):
+        target = inspect.getattr_static(target, part, None)
+        if target is None:
+            return False
+    return target is cls
+
+
+def _resolve(cls: type) -> Family | None:
+    for base in cls.__mro__:
+        family = _families.get(qualified_name(base))
+        if family is not None and _confirmed(base):
+            return family
+    for base in cls.__mro__:
+        for (prefix, short), family in _by_class_name.items():
+            if base.__qualname__ == short and base.__module__.startswith(prefix):
+                return family
+    return _structural(cls)
+
+
+def _structural(cls: type) -> Family | None:
+    """Adapters (ours or a third party's) say their kind as a plain class attribute."""
+    if issubclass(cls, (LeafAdapter, CompositeAdapter)):
+        return Family(qualified_name(cls), cls.kind)
+    kind = inspect.getattr_static(cls, "kind", None)
+    if isinstance(kind, PoolKind) and all(
+        inspect.getattr_static(cls, method, None) is not None
+        for method in ("get_key_buffer", "get_value_buffer", "get_kv_buffer", "layer_ids")
+    ):
+        return Family(qualified_name(cls), kind)
+    return None
+
+
+def family_of(obj: Any) -> Family | None:
+    """The family of a pool, a pool class, or an adapter; None when unknown.
+
+    Never imports an engine and never calls a getter. Cached per type.
+
+    Example:
+        >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+        >>> family_of(ReferenceMHATokenToKVPool).kind
+        <PoolKind.SPLIT: 'split'>
+        >>> family_of(3) is None
+        True
+    """
+    cls = obj if isinstance(obj, type) else type(obj)
+    family = _cache.get(cls, _MISSING)
+    if family is _MISSING:
+        resolved = _resolve(cls)
+        with _lock:
+            _cache[cls] = resolved
+        return resolved
+    return family  # type: ignore[return-value]
+
+
+def _unsupported(obj: Any, family: Family | None) -> UnsupportedPoolError:
+    cls = obj if isinstance(obj, type) else type(obj)
+    name = qualified_name(cls)
+    if family is not None and family.reason:
+        msg = (
+            f"kvcompat recognises {name} (as {family.qualname}) but does not support it: "
+            f"{family.reason}\n"
+            "Hint: if your build of this class behaves like a supported pool, register it: "
+            f'kvcompat.register_adapter("{name}", "<supported class qualname>").'
+        )
+        return UnsupportedPoolError(msg)
+    msg = (
+        f"kvcompat does not know how to adapt an object of type {name}.\n"
+        "Hint: pass an SGLang KV pool (see the supported-pools page), or teach kvcompat "
+        f'about this class with kvcompat.register_adapter("{name}", factory, kind=...) — '
+        "or reuse a built-in adapter with "
+        f'kvcompat.register_adapter("{name}", '
+        '"sglang.srt.mem_cache.memory_pool.MHATokenToKVPool").'
+    )
+    return UnsupportedPoolError(msg)
+
+
+def adapt(pool: Any) -> KVPoolProtocol:
+    """Wrap a native KV pool in kvcompat's uniform, key-first API.
+
+    Idempotent (an adapter is returned as is) and never mutates ``pool``.
+    Building an adapter resolves every layer's buffers once, so adapt a pool
+    once and keep the adapter rather than adapting on every step.
+
+    Raises:
+        UnsupportedPoolError: ``pool`` is not a pool kvcompat knows (a TypeError).
+
+    Example:
+        >>> import kvcompat
+        >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+        >>> native = ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64, layer_num=2)
+        >>> pool = kvcompat.adapt(native)
+        >>> k, v = pool.get_kv_buffer(1)      # the native get_kv_buffer raises here
+        >>> k is v, kvcompat.adapt(pool) is pool
+        (True, True)
+    """
+    family = family_of(pool)
+    if isinstance(pool, type):
+        msg = (
+            f"adapt() takes a pool instance, got the class {qualified_name(pool)}.\n"
+            "Hint: construct the pool first; detectors such as kvcompat.pool_kind() "
+            "accept classes."
+        )
+        raise UnsupportedPoolError(msg)
+    if family is not None and family.build is None and family.leaf is None and family.kind:
+        return pool  # type: ignore[no-any-return]  # already an adapter
+    if family is None or family.kind is None:
+        raise _unsupported(pool, family)
+    return family.make(pool)
+
+
+def adapt_part(
+    native: Any, *, owner: str, component: str, slots: Mapping[int, int]
+) -> KVPoolProtocol:
+    """Adapt a composite's sub-pool as a named component with absolute layer ids.
+
+    ``slots`` maps each absolute layer id the component serves to the index of
+    its buffer in the sub-pool's per-layer list.
+
+    Example:
+        >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+        >>> sub = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=2)
+        >>> part = adapt_part(sub, owner="demo", component="full", slots={1: 0, 3: 1})
+        >>> part.layer_ids, part.component_for(3)
+        ((1, 3), 'full')
+    """
+    family = family_of(native)
+    if family is None or family.leaf is None:
+        kind = "unknown" if family is None else "custom or composite"
+        msg = (
+            f"{owner}: its {component!r} part is a {qualified_name(type(native))} "
+            f"({kind} family); kvcompat can only use built-in leaf adapters as composite parts.\n"
+            "Hint: register the sub-pool class with a built-in adapter, e.g. "
+            f'kvcompat.register_adapter("{qualified_name(type(native))}", '
+            '"sglang.srt.mem_cache.memory_pool.MHATokenToKVPool").'
+        )
+        raise UnsupportedPoolError(msg)
+    return family.leaf(native, slots=slots, component=component)
+
+
+def register_adapter(
+    qualname: str,
+    factory: Factory | str,
+    *,
+    kind: PoolKind | str | None = None,
+    replace: bool = False,
+) -> None:
+    """Teach kvcompat a pool class by its qualified name, without importing it.
+
+    Args:
+        qualname: ``"package.module.ClassName"`` of the class (subclasses match too).
+        factory: a callable building a :class:`KVPoolProtocol` from a native
+            pool, or the qualified name of a class kvcompat already supports,
+            to reuse its adapter (e.g. a vendor fork of ``MHATokenToKVPool``).
+        kind: the :class:`PoolKind`; required with a callable factory, taken
+            from the reused family otherwise.
+        replace: allow replacing an existing registration.
+
+    Raises:
+        ValueError: malformed qualname, unknown family to reuse, missing kind,
+            or a name already registered (without ``replace=True``).
+
+    Example:
+        >>> import kvcompat
+        >>> kvcompat.register_adapter(
+        ...     "vendor.pools.FastMHAPool", "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool"
+        ... )
+        >>> kvcompat.unregister_adapter("vendor.pools.FastMHAPool")
+        True
+    """
+    if not isinstance(qualname, str) or "." not in qualname.strip(".") or " " in qualname:
+        msg = (
+            f"qualname must be 'package.module.ClassName', got {qualname!r}.\n"
+            "Hint: use f'{cls.__module__}.{cls.__qualname__}' of the class to teach."
+        )
+        raise ValueError(msg)
+    if qualname in _families and not replace:
+        msg = (
+            f"{qualname} is already registered (as a {_families[qualname].kind} pool).\n"
+            "Hint: pass replace=True to override it."
+        )
+        raise ValueError(msg)
+    if isinstance(factory, str):
+        base = _families.get(factory)
+        if base is None or base.kind is None:
+            known = ", ".join(sorted(n for n, f in _families.items() if f.kind is not None))
+            msg = (
+                f"cannot reuse the adapter of {factory!r}: it is not a supported class.\n"
+                f"Hint: choose one of: {known}."
+            )
+            raise ValueError(msg)
+        if kind is not None and PoolKind(kind) is not base.kind:
+            msg = f"kind={kind!r} contradicts the reused family {factory} ({base.kind})."
+            raise ValueError(msg)
+        family = Family(qualname, base.kind, leaf=base.leaf, build=base.build)
+    elif callable(factory):
+        if kind is None:
+            msg = (
+                f"register_adapter({qualname!r}, <callable>) needs kind=...: detectors answer "
+                "without building an adapter.\n"
+                "Hint: kind=kvcompat.PoolKind.SPLIT (or LATENT, SINGLE_KV, KEY_ONLY, COMPOSITE)."
+            )
+            raise ValueError(msg)
+        try:
+            resolved = PoolKind(kind)
+        except ValueError:
+            msg = f"kind must be a PoolKind, got {kind!r}; valid: {[k.value for k in PoolKind]}."
+            raise ValueError(msg) from None
+        family = Family(qualname, resolved, build=factory)
+    else:
+        msg = (
+            f"factory must be a callable or the qualified name of a supported class, "
+            f"got {type(factory).__name__}."
+        )
+        raise TypeError(msg)
+    with _lock:
+        _families[qualname] = family
+        _cache.clear()
+
+
+def unregister_adapter(qualname: str) -> bool:
+    """Forget a registration made with :func:`register_adapter`; True if one existed.
+
+    Example:
+        >>> import kvcompat
+        >>> kvcompat.unregister_adapter("nobody.registered.This")
+        False
+    """
+    with _lock:
+        existed = _families.pop(qualname, None) is not None
+        _cache.clear()
+    return existed

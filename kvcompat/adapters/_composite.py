@@ -1,0 +1,278 @@
+"""Adapter for composite pools: pools that route each layer to a sub-pool."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from kvcompat._errors import LayoutError
+from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
+from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
+
+__all__ = ["CompositeAdapter"]
+
+
+class CompositeAdapter:
+    """A pool made of named component pools, each itself a :class:`KVPoolProtocol`.
+
+    ``route`` maps every served absolute layer id to the component holding that
+    layer's *primary* buffer; the composite's getters answer from it, and
+    :meth:`component_for` (or ``get_kv_buffer(l).component``) names it. The
+    components keep their own layer ids (absolute ids too), so a compressed
+    sub-pool serving only some layers is reached as ``pool.components["c4"]``.
+
+    Args:
+        native: the native composite pool.
+        components: component name -> adapter.
+        route: absolute layer id -> name of the component serving it.
+        wait_offset: the native getters call
+            ``layer_transfer_counter.wait_until(layer_id - wait_offset)``
+            before answering; None when they never wait.
+        name: display name (defaults to the native class name).
+
+    Example:
+        >>> import kvcompat
+        >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+        >>> from kvcompat.adapters import CompositeAdapter
+        >>> full = kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1))
+        >>> pool = CompositeAdapter(object(), components={"full": full}, route={0: "full"})
+        >>> pool.component_for(0), pool.get_key_buffer(0) is full.get_key_buffer(0)
+        ('full', True)
+    """
+
+    kind: PoolKind = PoolKind.COMPOSITE
+    """Always :attr:`PoolKind.COMPOSITE`."""
+
+    __slots__ = ("_components", "_name", "_native", "_route", "_wait_offset")
+
+    def __init__(
+        self,
+        native: Any,
+        *,
+        components: Mapping[str, KVPoolProtocol],
+        route: Mapping[int, str],
+        wait_offset: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        self._native = native
+        self._name = name or type(native).__name__
+        self._components = MappingProxyType(dict(components))
+        unknown = sorted({part for part in route.values() if part not in self._components})
+        if unknown:
+            msg = (
+                f"{self._name}: route names components {unknown} that are not among "
+                f"{sorted(self._components)}."
+            )
+            raise LayoutError(msg)
+        missing = sorted(
+            layer for layer, part in route.items() if layer not in self._components[part].layer_ids
+        )
+        if missing:
+            msg = (
+                f"{self._name}: layers {missing} are routed to components that do not "
+                "serve them."
+            )
+            raise LayoutError(msg)
+        self._route: dict[int, KVPoolProtocol] = {
+            layer: self._components[part] for layer, part in sorted(route.items())
+        }
+        self._wait_offset = wait_offset
+
+    # -- the hot path -----------------------------------------------------------
+
+    def get_key_buffer(self, layer_id: int, /, *, wait: bool = True) -> torch.Tensor:
+        """The primary key storage of ``layer_id``, from the component that owns it.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> pool.get_key_buffer(0) is pool.components["swa"].get_key_buffer(0)
+            True
+        """
+        if type(layer_id) is not int:
+            layer_id = coerce_layer_id(layer_id, self._name)
+        try:
+            part = self._route[layer_id]
+        except KeyError:
+            raise_unserved(layer_id, self._name, self._route)
+        if wait and self._wait_offset is not None:
+            self._wait(layer_id)
+        return part.get_key_buffer(layer_id, wait=wait)
+
+    def get_value_buffer(self, layer_id: int, /, *, wait: bool = True) -> torch.Tensor:
+        """The primary value storage of ``layer_id`` (shared storage on single-KV parts).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> pool.get_value_buffer(1) is pool.components["full"].get_value_buffer(1)
+            True
+        """
+        if type(layer_id) is not int:
+            layer_id = coerce_layer_id(layer_id, self._name)
+        try:
+            part = self._route[layer_id]
+        except KeyError:
+            raise_unserved(layer_id, self._name, self._route)
+        if wait and self._wait_offset is not None:
+            self._wait(layer_id)
+        return part.get_value_buffer(layer_id, wait=wait)
+
+    def get_kv_buffer(self, layer_id: int, /, *, wait: bool = True) -> KVPair:
+        """The primary ``(key, value)`` pair; ``pair.component`` names who answered.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> pool.get_kv_buffer(1).component
+            'full'
+        """
+        if type(layer_id) is not int:
+            layer_id = coerce_layer_id(layer_id, self._name)
+        try:
+            part = self._route[layer_id]
+        except KeyError:
+            raise_unserved(layer_id, self._name, self._route)
+        if wait and self._wait_offset is not None:
+            self._wait(layer_id)
+        return part.get_kv_buffer(layer_id, wait=wait)
+
+    def _wait(self, layer_id: int) -> None:
+        counter = getattr(self._native, "layer_transfer_counter", None)
+        if counter is not None:
+            counter.wait_until(layer_id - (self._wait_offset or 0))
+
+    def component_for(self, layer_id: int, /) -> str | None:
+        """Name of the component serving the primary buffer of ``layer_id``.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> [pool.component_for(layer) for layer in pool.layer_ids]
+            ['swa', 'full', 'swa', 'full']
+        """
+        if type(layer_id) is not int:
+            layer_id = coerce_layer_id(layer_id, self._name)
+        try:
+            part = self._route[layer_id]
+        except KeyError:
+            raise_unserved(layer_id, self._name, self._route)
+        return part.name
+
+    # -- metadata ---------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The native class name.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).name
+            'ReferenceSWAKVPool'
+        """
+        return self._name
+
+    @property
+    def components(self) -> Mapping[str, KVPoolProtocol]:
+        """Component name -> adapter, in the native pool's order.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> list(kvcompat.adapt(reference_swa_pool()).components)
+            ['full', 'swa']
+        """
+        return self._components
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        """The absolute layer ids with a primary buffer, ascending.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).layer_ids
+            (0, 1, 2, 3)
+        """
+        return tuple(self._route)
+
+    @property
+    def size(self) -> int:
+        """Token capacity as the native composite reports it (``pool.size``).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).size
+            64
+        """
+        return int(self._native.size)
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page of the native composite.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).page_size
+            16
+        """
+        return int(self._native.page_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Logical dtype of the native composite.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).dtype
+            torch.bfloat16
+        """
+        dtype: torch.dtype = self._native.dtype
+        return dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the first component's storage.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).device
+            device(type='cpu')
+        """
+        for part in self._components.values():
+            return part.device
+        return torch.device(self._native.device)
+
+    @property
+    def native(self) -> Any:
+        """The wrapped native composite, unchanged.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> native = reference_swa_pool()
+            >>> kvcompat.adapt(native).native is native
+            True
+        """
+        return self._native
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{name}: {describe_ids(part.layer_ids)}" for name, part in self._components.items()
+        )
+        return (
+            f"<kvcompat CompositeAdapter native={type(self._native).__qualname__} "
+            f"components={{{parts}}}>"
+        )

@@ -1,0 +1,244 @@
+"""SGLang's KV pool classes, as kvcompat knows them (by name; sglang is never imported).
+
+Each entry maps a qualified class name to a family: the pool kind plus the
+adapter that builds the uniform API for it. Subclasses match their nearest
+registered base, so variants such as ``HiSparseMHAMainPool`` or
+``UnifiedMHATokenToKVPool`` reuse the MHA adapter. Classes whose getters do
+something a uniform view cannot honestly reproduce are registered as
+*unsupported*, with the reason, so they fail loudly instead of half-working.
+
+Layer ids: every adapter takes absolute model layer ids and maps them to the
+buffer index the *storage* really uses — not to whatever the native getter
+happens to compute (see the "traps" on the supported-pools page).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcompat._errors import UnsupportedPoolError
+from kvcompat._protocol import KVPoolProtocol, PoolKind
+from kvcompat._registry import Family, _install, adapt_part
+from kvcompat.adapters._composite import CompositeAdapter
+from kvcompat.adapters._leaf import (
+    IndexKeyAdapter,
+    KeyOnlyAdapter,
+    LatentAdapter,
+    SingleKVAdapter,
+    SplitAdapter,
+)
+
+__all__ = ["SGLANG_CLASSES", "adapt_dsv4_token_pool", "adapt_hybrid_linear", "adapt_swa"]
+
+_MEM = "sglang.srt.mem_cache.memory_pool"
+_DSV4 = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
+_SWA = "sglang.srt.mem_cache.swa_memory_pool"
+_NPU = "sglang.srt.hardware_backend.npu"
+
+
+def adapt_swa(native: Any) -> KVPoolProtocol:
+    """Adapt ``SWAKVPool``: components ``full`` and ``swa``, routed by ``layers_mapping``.
+
+    SGLang hands the sub-pools dense ids (their position in the sub-pool); the
+    components map absolute ids straight to those buffers, so a ``start_layer``
+    leaked into the sub-pools through ``**kwargs`` cannot shift them.
+
+    Example:
+        >>> import kvcompat
+        >>> from kvcompat.testing import reference_swa_pool
+        >>> pool = kvcompat.adapt(reference_swa_pool())
+        >>> pool.components["swa"].layer_ids, pool.components["full"].layer_ids
+        ((0, 2), (1, 3))
+    """
+    owner = type(native).__name__
+    full: dict[int, int] = {}
+    swa: dict[int, int] = {}
+    for layer, (dense, is_swa) in native.layers_mapping.items():
+        (swa if is_swa else full)[int(layer)] = int(dense)
+    components = {
+        "full": adapt_part(native.full_kv_pool, owner=owner, component="full", slots=full),
+        "swa": adapt_part(native.swa_kv_pool, owner=owner, component="swa", slots=swa),
+    }
+    route = {layer: "full" for layer in full} | {layer: "swa" for layer in swa}
+    return CompositeAdapter(
+        native,
+        components=components,
+        route=route,
+        wait_offset=int(getattr(native, "start_layer", 0) or 0),
+    )
+
+
+def adapt_hybrid_linear(native: Any) -> KVPoolProtocol:
+    """Adapt ``HybridLinearKVPool``: one ``full`` component serving the attention layers.
+
+    Linear-attention (mamba) layers have no KV buffers and are not served.
+
+    Example:
+        >>> from kvcompat.adapters.sglang import adapt_hybrid_linear
+        >>> adapt_hybrid_linear.__name__
+        'adapt_hybrid_linear'
+    """
+    owner = type(native).__name__
+    slots = {int(layer): int(dense) for layer, dense in native.full_attention_layer_id_mapping.items()}
+    full = adapt_part(native.full_kv_pool, owner=owner, component="full", slots=slots)
+    return CompositeAdapter(
+        native,
+        components={"full": full},
+        route=dict.fromkeys(slots, "full"),
+        wait_offset=int(getattr(native, "start_layer", 0) or 0),
+    )
+
+
+def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
+    """Adapt ``DeepSeekV4TokenToKVPool``: sliding-window, compressed and indexer parts.
+
+    Components: ``swa`` (every layer of the stage; the primary buffer),
+    ``c{ratio}`` for each compressed pool (``c4``, ``c128``, and ``c1``/``c2``
+    on V4.1) serving the layers with that compression ratio, and
+    ``c{ratio}_indexer`` for each indexer-key pool. Compressed layer ids come
+    from the pool's own ``layer_mapping`` (layers sharing a kv-source share
+    its buffer).
+
+    Example:
+        >>> from kvcompat.adapters.sglang import adapt_dsv4_token_pool
+        >>> adapt_dsv4_token_pool.__name__
+        'adapt_dsv4_token_pool'
+    """
+    owner = type(native).__name__
+    swa_pool = getattr(native, "swa_kv_pool", None)
+    if swa_pool is None:
+        msg = (
+            f"{owner} keeps its sliding-window KV outside a paged pool (unified_kv or "
+            "request-window mode); kvcompat does not support those modes yet.\n"
+            "Hint: the compressed pools are reachable natively through pool.kv_pools[ratio]."
+        )
+        raise UnsupportedPoolError(msg)
+    start = int(native._stage_start)  # noqa: SLF001 - the pool's own stage range
+    end = int(native._stage_end)  # noqa: SLF001
+    stage = range(start, end)
+    components: dict[str, KVPoolProtocol] = {
+        "swa": adapt_part(
+            swa_pool, owner=owner, component="swa", slots={layer: layer - start for layer in stage}
+        )
+    }
+    by_ratio: dict[int, dict[int, int]] = {}
+    for layer in stage:
+        item = native.layer_mapping[layer]
+        if item is not None and item.compress_ratio:
+            by_ratio.setdefault(int(item.compress_ratio), {})[layer] = int(item.compress_layer_id)
+    for ratio, pool in native.kv_pools.items():
+        if pool is not None and ratio in by_ratio:
+            name = f"c{ratio}"
+            components[name] = adapt_part(pool, owner=owner, component=name, slots=by_ratio[ratio])
+    for ratio, pool in native.index_pools.items():
+        if pool is not None and ratio in by_ratio:
+            name = f"c{ratio}_indexer"
+            components[name] = adapt_part(pool, owner=owner, component=name, slots=by_ratio[ratio])
+    return CompositeAdapter(
+        native,
+        components=components,
+        route=dict.fromkeys(stage, "swa"),
+        wait_offset=int(getattr(native, "start_layer", 0) or 0),
+    )
+
+
+def _leaf(qualname: str, kind: PoolKind, leaf: type[Any]) -> Family:
+    return Family(qualname, kind, leaf=leaf)
+
+
+def _composite(qualname: str, build: Any) -> Family:
+    return Family(qualname, PoolKind.COMPOSITE, build=build)
+
+
+def _no(qualname: str, reason: str) -> Family:
+    return Family(qualname, None, reason=reason)
+
+
+SGLANG_CLASSES: tuple[Family, ...] = (
+    _leaf(f"{_MEM}.MHATokenToKVPool", PoolKind.SPLIT, SplitAdapter),
+    _leaf(f"{_MEM}.MHATokenToKOnlyPool", PoolKind.KEY_ONLY, KeyOnlyAdapter),
+    _leaf(f"{_MEM}.MLATokenToKVPool", PoolKind.LATENT, LatentAdapter),
+    _leaf(f"{_MEM}.DSATokenToKVPool", PoolKind.LATENT, LatentAdapter),
+    _leaf(f"{_DSV4}.DeepSeekV4SingleKVPool", PoolKind.SINGLE_KV, SingleKVAdapter),
+    _leaf(f"{_DSV4}.DeepSeekV4UniformFP8KVPool", PoolKind.SINGLE_KV, SingleKVAdapter),
+    _leaf(f"{_DSV4}.HiSparseC4DevicePool", PoolKind.SINGLE_KV, SingleKVAdapter),
+    _leaf(f"{_DSV4}.DeepSeekV4IndexerPool", PoolKind.KEY_ONLY, IndexKeyAdapter),
+    _composite(f"{_SWA}.SWAKVPool", adapt_swa),
+    _composite(f"{_MEM}.HybridLinearKVPool", adapt_hybrid_linear),
+    _composite(f"{_DSV4}.DeepSeekV4TokenToKVPool", adapt_dsv4_token_pool),
+    _no(
+        f"{_MEM}.NoOpMHATokenToKVPool",
+        "it holds placeholder buffers only and stores nothing.",
+    ),
+    _no(
+        f"{_MEM}.PageMajorMHATokenToKVPool",
+        "SGLang 0.5.23 cannot construct it (its buffer views were removed).",
+    ),
+    _no(
+        f"{_MEM}.MHATokenToKVPoolFP4",
+        "it stores packed e2m1 payloads with separate scales and its getters return "
+        "dequantized copies; kvcompat has no codec for that layout yet.",
+    ),
+    _no(
+        f"{_MEM}.MLATokenToKVPoolFP4",
+        "its latent rows are packed fp4, so the value prefix view SGLang returns is not "
+        "meaningful; kvcompat has no codec for that layout yet.",
+    ),
+    _no(
+        "sglang.srt.mem_cache.page_interleave_pool.PageInterleaveKVPoolMixin",
+        "during a sharded extend its getters return a scratch slot and start an NCCL "
+        "all-gather; a uniform view would either lie or trigger the collective.",
+    ),
+    _no(
+        "sglang.srt.mem_cache.dsa_cache_layer_split.LayerSplitDSATokenToKVPool",
+        "its getters broadcast non-owned layers over the context-parallel group "
+        "(a collective); a uniform view would trigger it.",
+    ),
+    _no(
+        f"{_NPU}.memory_pool_npu.NPUMLATokenToKVPool",
+        "on NPU the MLA key is the nope part and the value the rope part, unlike CUDA MLA.",
+    ),
+    _no(
+        f"{_NPU}.memory_pool_npu.NPUMHATokenToKVPool",
+        "NPU pools (5-D buffers, FIA views) have not been checked against kvcompat.",
+    ),
+    _no(
+        f"{_NPU}.memory_pool_npu.NPUMHATokenToKOnlyPool",
+        "NPU pools have not been checked against kvcompat.",
+    ),
+    _no(
+        f"{_NPU}.dsv4.dsv4_memory_pool.NPUDeepSeekV4SingleKVPool",
+        "NPU DSv4 pools store bf16 PA_ND rows while reporting the V4 layout.",
+    ),
+    _no(
+        f"{_NPU}.dsv4.dsv4_memory_pool.NPUDeepSeekV4IndexerPool",
+        "NPU DSv4 pools have not been checked against kvcompat.",
+    ),
+    _no(
+        f"{_NPU}.dsv4.dsv4_memory_pool.DSV4NPUTokenToKVPool",
+        "NPU DSv4 pools have not been checked against kvcompat.",
+    ),
+    _no(
+        f"{_MEM}.MiniMaxSparseKVPool",
+        "MiniMax sparse pools (dense/main/index routing) are not supported yet.",
+    ),
+    _no(
+        "sglang.srt.mem_cache.minimax_m3_nvfp4_pool.MiniMaxM3Nvfp4MainKVPool",
+        "packed NVFP4 slab rows are not supported yet.",
+    ),
+    _no(
+        "sglang.srt.mem_cache.minimax_m3_nvfp4_pool.MiniMaxM3Nvfp4IndexKPool",
+        "packed NVFP4 slab rows are not supported yet.",
+    ),
+    _no(
+        "sglang.srt.hardware_backend.mlx.model_runner_stub._DummyKVCache",
+        "MLX manages its own cache; this class holds no buffers.",
+    ),
+    _no(
+        f"{_MEM}.KVCache",
+        "this KVCache subclass is not one kvcompat knows.",
+    ),
+)
+
+for _family in SGLANG_CLASSES:
+    _install(_family, name_fallback="sglang.")

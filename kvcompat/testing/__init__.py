@@ -1,0 +1,34 @@
+"""Test helpers: pure-torch reference pools with SGLang 0.5.23's behaviour.
+
+Use them to test code against the uniform API without installing SGLang. They
+are proven equal to the real classes (shapes, dtypes, page geometry,
+exceptions and messages) by kvcompat's conformance tests.
+
+Example:
+    >>> import kvcompat
+    >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+    >>> kvcompat.is_single_kv_pool(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
+    True
+"""
+
+from __future__ import annotations
+
+from kvcompat.testing._reference import (
+    KVLayout,
+    RecordingLayerCounter,
+    ReferenceDeepSeekV4SingleKVPool,
+    ReferenceMHATokenToKVPool,
+    ReferenceMLATokenToKVPool,
+    ReferenceSWAKVPool,
+    reference_swa_pool,
+)
+
+__all__ = [
+    "KVLayout",
+    "RecordingLayerCounter",
+    "ReferenceDeepSeekV4SingleKVPool",
+    "ReferenceMHATokenToKVPool",
+    "ReferenceMLATokenToKVPool",
+    "ReferenceSWAKVPool",
+    "reference_swa_pool",
+]
