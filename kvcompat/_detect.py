@@ -12,7 +12,7 @@ from typing import Any
 from typing_extensions import TypeIs
 
 from kvcompat._protocol import PoolKind, SupportsGetKeyBuffer
-from kvcompat._registry import _MISSING, _cache, family_of
+from kvcompat._registry import _MISSING, Family, _cache, family_of
 
 __all__ = [
     "is_composite_pool",
@@ -29,10 +29,10 @@ PoolLike = SupportsGetKeyBuffer | type[SupportsGetKeyBuffer]
 
 def _kind(obj: Any) -> PoolKind | None:
     cls = obj if isinstance(obj, type) else type(obj)
-    family = _cache.get(cls, _MISSING)
+    family: Family | None = _cache.get(cls, _MISSING)
     if family is _MISSING:
         family = family_of(cls)
-    return None if family is None else family.kind  # type: ignore[union-attr]
+    return None if family is None else family.kind
 
 
 def pool_kind(obj: object, /) -> PoolKind | None:

@@ -72,7 +72,7 @@ _families: dict[str, Family] = {}
 # consulted for classes whose module starts with one of these prefixes.
 _by_class_name: dict[tuple[str, str], Family] = {}
 _cache: dict[type, Family | None] = {}
-_MISSING = object()
+_MISSING: Any = object()
 
 
 def qualified_name(cls: type) -> str:
@@ -149,7 +149,8 @@ def family_of(obj: Any) -> Family | None:
         with _lock:
             _cache[cls] = resolved
         return resolved
-    return family  # type: ignore[return-value]
+    known: Family | None = family
+    return known
 
 
 def _unsupported(obj: Any, family: Family | None) -> UnsupportedPoolError:
@@ -306,8 +307,8 @@ def register_adapter(
             msg = f"kind must be a PoolKind, got {kind!r}; valid: {[k.value for k in PoolKind]}."
             raise ValueError(msg) from None
         family = Family(qualname, resolved, build=factory)
-    else:
-        msg = (
+    else:  # runtime guard for untyped callers
+        msg = (  # type: ignore[unreachable]
             f"factory must be a callable or the qualified name of a supported class, "
             f"got {type(factory).__name__}."
         )

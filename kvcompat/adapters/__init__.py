@@ -9,7 +9,8 @@ Example:
     >>> import kvcompat
     >>> from kvcompat.adapters import SingleKVAdapter
     >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
-    >>> isinstance(kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64)), SingleKVAdapter)
+    >>> native = ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64)
+    >>> isinstance(kvcompat.adapt(native), SingleKVAdapter)
     True
 """
 

@@ -11,8 +11,18 @@ import torch
 from kvcompat._errors import LayoutError
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
+from kvcompat.adapters._leaf import LeafAdapter
 
 __all__ = ["CompositeAdapter"]
+
+
+def _as_component(adapter: KVPoolProtocol, name: str) -> KVPoolProtocol:
+    """A leaf adapter re-labelled so its pairs and ``component_for`` carry ``name``."""
+    if isinstance(adapter, LeafAdapter) and adapter.component_name != name:
+        return type(adapter)(
+            adapter.native, slots=adapter.storage_slots, component=name, waits=adapter.waits
+        )
+    return adapter
 
 
 class CompositeAdapter:
@@ -46,7 +56,7 @@ class CompositeAdapter:
     kind: PoolKind = PoolKind.COMPOSITE
     """Always :attr:`PoolKind.COMPOSITE`."""
 
-    __slots__ = ("_components", "_name", "_native", "_route", "_wait_offset")
+    __slots__ = ("_components", "_name", "_native", "_route", "_route_names", "_wait_offset")
 
     def __init__(
         self,
@@ -59,7 +69,9 @@ class CompositeAdapter:
     ) -> None:
         self._native = native
         self._name = name or type(native).__name__
-        self._components = MappingProxyType(dict(components))
+        self._components = MappingProxyType(
+            {part: _as_component(adapter, part) for part, adapter in components.items()}
+        )
         unknown = sorted({part for part in route.values() if part not in self._components})
         if unknown:
             msg = (
@@ -71,14 +83,12 @@ class CompositeAdapter:
             layer for layer, part in route.items() if layer not in self._components[part].layer_ids
         )
         if missing:
-            msg = (
-                f"{self._name}: layers {missing} are routed to components that do not "
-                "serve them."
-            )
+            msg = f"{self._name}: layers {missing} are routed to components that do not serve them."
             raise LayoutError(msg)
         self._route: dict[int, KVPoolProtocol] = {
             layer: self._components[part] for layer, part in sorted(route.items())
         }
+        self._route_names: dict[int, str] = dict(sorted(route.items()))
         self._wait_offset = wait_offset
 
     # -- the hot path -----------------------------------------------------------
@@ -161,10 +171,9 @@ class CompositeAdapter:
         if type(layer_id) is not int:
             layer_id = coerce_layer_id(layer_id, self._name)
         try:
-            part = self._route[layer_id]
+            return self._route_names[layer_id]
         except KeyError:
             raise_unserved(layer_id, self._name, self._route)
-        return part.name
 
     # -- metadata ---------------------------------------------------------------
 

@@ -275,7 +275,7 @@ class LeafAdapter:
         Example:
             >>> import kvcompat
             >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> native = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=2, start_layer=4)
+            >>> native = ReferenceMHATokenToKVPool(16, 16, layer_num=2, start_layer=4)
             >>> kvcompat.adapt(native).layer_ids
             (4, 5)
         """
@@ -288,7 +288,7 @@ class LeafAdapter:
         Example:
             >>> import kvcompat
             >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> native = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=2, start_layer=4)
+            >>> native = ReferenceMHATokenToKVPool(16, 16, layer_num=2, start_layer=4)
             >>> dict(kvcompat.adapt(native).storage_slots)
             {4: 0, 5: 1}
         """
@@ -313,7 +313,7 @@ class LeafAdapter:
         Example:
             >>> import kvcompat
             >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=8, layer_num=1)).page_size
+            >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=8)).page_size
             8
         """
         return int(self._native.page_size)
@@ -365,7 +365,7 @@ class LeafAdapter:
         Example:
             >>> import kvcompat
             >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> len(kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)).components)
+            >>> len(kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16)).components)
             0
         """
         return _NO_COMPONENTS
@@ -376,7 +376,8 @@ class LeafAdapter:
         Example:
             >>> import kvcompat
             >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> print(kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)).component_for(0))
+            >>> pool = kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16))
+            >>> print(pool.component_for(0))
             None
         """
         if type(layer_id) is not int:
@@ -384,6 +385,30 @@ class LeafAdapter:
         if layer_id not in self._slots:
             raise_unserved(layer_id, self._name, self._slots)
         return self._component
+
+    @property
+    def component_name(self) -> str | None:
+        """The component name this adapter carries (None for a standalone pool).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).components["full"].component_name
+            'full'
+        """
+        return self._component
+
+    @property
+    def waits(self) -> bool:
+        """Whether the getters perform the native layer-transfer wait (when asked to).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+            >>> kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64)).waits
+            False
+        """
+        return self._waits
 
     def __repr__(self) -> str:
         return (

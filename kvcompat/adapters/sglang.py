@@ -59,7 +59,7 @@ def adapt_swa(native: Any) -> KVPoolProtocol:
         "full": adapt_part(native.full_kv_pool, owner=owner, component="full", slots=full),
         "swa": adapt_part(native.swa_kv_pool, owner=owner, component="swa", slots=swa),
     }
-    route = {layer: "full" for layer in full} | {layer: "swa" for layer in swa}
+    route = dict.fromkeys(full, "full") | dict.fromkeys(swa, "swa")
     return CompositeAdapter(
         native,
         components=components,
@@ -79,7 +79,9 @@ def adapt_hybrid_linear(native: Any) -> KVPoolProtocol:
         'adapt_hybrid_linear'
     """
     owner = type(native).__name__
-    slots = {int(layer): int(dense) for layer, dense in native.full_attention_layer_id_mapping.items()}
+    slots = {
+        int(layer): int(dense) for layer, dense in native.full_attention_layer_id_mapping.items()
+    }
     full = adapt_part(native.full_kv_pool, owner=owner, component="full", slots=slots)
     return CompositeAdapter(
         native,
@@ -113,8 +115,8 @@ def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
             "Hint: the compressed pools are reachable natively through pool.kv_pools[ratio]."
         )
         raise UnsupportedPoolError(msg)
-    start = int(native._stage_start)  # noqa: SLF001 - the pool's own stage range
-    end = int(native._stage_end)  # noqa: SLF001
+    start = int(native._stage_start)
+    end = int(native._stage_end)
     stage = range(start, end)
     components: dict[str, KVPoolProtocol] = {
         "swa": adapt_part(

@@ -135,7 +135,7 @@ class ReferenceMHATokenToKVPool(_ReferenceKVCache):
 
     Example:
         >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-        >>> pool = ReferenceMHATokenToKVPool(size=16, page_size=16, head_num=2, head_dim=8, layer_num=2)
+        >>> pool = ReferenceMHATokenToKVPool(16, 16, head_num=2, head_dim=8, layer_num=2)
         >>> pool.get_key_buffer(1).shape
         torch.Size([32, 2, 8])
     """
@@ -429,7 +429,9 @@ class ReferenceDeepSeekV4SingleKVPool(_ReferenceKVCache):
         kv_layout: str | KVLayout = KVLayout.V4,
         global_page_size: int | None = None,
     ) -> None:
-        _reject_unmodelled("ReferenceDeepSeekV4SingleKVPool", enable_memory_saver=enable_memory_saver)
+        _reject_unmodelled(
+            "ReferenceDeepSeekV4SingleKVPool", enable_memory_saver=enable_memory_saver
+        )
         super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
         self.qk_nope_head_dim = qk_nope_head_dim
         self.qk_rope_head_dim = qk_rope_head_dim
@@ -540,8 +542,14 @@ class ReferenceSWAKVPool:
         self.swa_layer_nums = len(swa_attention_layer_ids)
         self.full_layer_nums = len(full_attention_layer_ids)
         self.layer_num = self.swa_layer_nums + self.full_layer_nums
-        common = {"page_size": page_size, "device": device, "head_num": head_num,
-                  "head_dim": head_dim, "enable_memory_saver": enable_memory_saver, **kwargs}
+        common = {
+            "page_size": page_size,
+            "device": device,
+            "head_num": head_num,
+            "head_dim": head_dim,
+            "enable_memory_saver": enable_memory_saver,
+            **kwargs,
+        }
         self.full_kv_pool = token_to_kv_pool_class(
             size=size, dtype=dtype, layer_num=self.full_layer_nums, **common
         )

@@ -1,0 +1,45 @@
+# Two entry points, each doing all of its own set-up on a fresh machine:
+#   make demo   - the main job on its embedded default (reference pools, pure torch)
+#   make test   - lint, type-check, docs build and the whole test suite (incl. real SGLang)
+# Both create .venv with the CPU build of torch pinned first (requirements/torch-cpu.txt):
+# an unpinned torch would pull a multi-GB CUDA build.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+
+.PHONY: demo test lint typecheck docs unit bench clean
+
+$(VENV)/.base-stamp: requirements/torch-cpu.txt requirements/build.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -r requirements/torch-cpu.txt -r requirements/build.txt
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+$(VENV)/.test-stamp: $(VENV)/.base-stamp requirements/sglang-cpu.txt requirements/dev.txt
+	$(PIP) install -q --no-deps -r requirements/sglang-cpu.txt -r requirements/dev.txt
+	touch $@
+
+demo: $(VENV)/.base-stamp
+	$(PY) -m kvcompat demo
+
+lint: $(VENV)/.test-stamp
+	$(PY) -m ruff check kvcompat tests benchmarks examples docs
+
+typecheck: $(VENV)/.test-stamp
+	$(PY) -m mypy
+
+docs: $(VENV)/.test-stamp
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
+unit: $(VENV)/.test-stamp
+	$(PY) -m pytest
+
+test: lint typecheck docs unit
+
+bench: $(VENV)/.base-stamp
+	$(PY) benchmarks/bench_getters.py
+
+clean:
+	rm -rf $(VENV) docs/_build .pytest_cache .mypy_cache .ruff_cache .hypothesis
