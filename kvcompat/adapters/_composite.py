@@ -110,7 +110,9 @@ class CompositeAdapter:
         except KeyError:
             raise_unserved(layer_id, self._name, self._route)
         if wait and self._wait_offset is not None:
-            self._wait(layer_id)
+            counter = getattr(self._native, "layer_transfer_counter", None)
+            if counter is not None:
+                counter.wait_until(layer_id - self._wait_offset)
         return part.get_key_buffer(layer_id, wait=wait)
 
     def get_value_buffer(self, layer_id: int, /, *, wait: bool = True) -> torch.Tensor:
@@ -130,7 +132,9 @@ class CompositeAdapter:
         except KeyError:
             raise_unserved(layer_id, self._name, self._route)
         if wait and self._wait_offset is not None:
-            self._wait(layer_id)
+            counter = getattr(self._native, "layer_transfer_counter", None)
+            if counter is not None:
+                counter.wait_until(layer_id - self._wait_offset)
         return part.get_value_buffer(layer_id, wait=wait)
 
     def get_kv_buffer(self, layer_id: int, /, *, wait: bool = True) -> KVPair:
@@ -150,13 +154,10 @@ class CompositeAdapter:
         except KeyError:
             raise_unserved(layer_id, self._name, self._route)
         if wait and self._wait_offset is not None:
-            self._wait(layer_id)
+            counter = getattr(self._native, "layer_transfer_counter", None)
+            if counter is not None:
+                counter.wait_until(layer_id - self._wait_offset)
         return part.get_kv_buffer(layer_id, wait=wait)
-
-    def _wait(self, layer_id: int) -> None:
-        counter = getattr(self._native, "layer_transfer_counter", None)
-        if counter is not None:
-            counter.wait_until(layer_id - (self._wait_offset or 0))
 
     def component_for(self, layer_id: int, /) -> str | None:
         """Name of the component serving the primary buffer of ``layer_id``.

@@ -89,6 +89,8 @@ class LeafAdapter:
     """The native attribute holding the per-layer buffer list."""
     native_waits: ClassVar[bool] = True
     """Whether the native getters wait on ``layer_transfer_counter``."""
+    returns: ClassVar[tuple[str, str]] = ("", "")
+    """What ``get_key_buffer`` and ``get_value_buffer`` return, in words (for the docs)."""
 
     __slots__ = (
         "_component",
@@ -190,7 +192,9 @@ class LeafAdapter:
         except KeyError:
             raise_unserved(layer_id, self._name, self._slots)
         if wait and self._waits:
-            self._wait(layer_id)
+            counter = getattr(self._native, "layer_transfer_counter", None)
+            if counter is not None:
+                counter.wait_until(self._slots[layer_id])
         return key
 
     def get_value_buffer(self, layer_id: int, /, *, wait: bool = True) -> torch.Tensor:
@@ -212,7 +216,9 @@ class LeafAdapter:
         except KeyError:
             self._missing_value(layer_id)
         if wait and self._waits:
-            self._wait(layer_id)
+            counter = getattr(self._native, "layer_transfer_counter", None)
+            if counter is not None:
+                counter.wait_until(self._slots[layer_id])
         return value
 
     def get_kv_buffer(self, layer_id: int, /, *, wait: bool = True) -> KVPair:
@@ -235,13 +241,10 @@ class LeafAdapter:
         except KeyError:
             self._missing_value(layer_id)
         if wait and self._waits:
-            self._wait(layer_id)
+            counter = getattr(self._native, "layer_transfer_counter", None)
+            if counter is not None:
+                counter.wait_until(self._slots[layer_id])
         return pair
-
-    def _wait(self, layer_id: int) -> None:
-        counter = getattr(self._native, "layer_transfer_counter", None)
-        if counter is not None:
-            counter.wait_until(self._slots[layer_id])
 
     def _missing_value(self, layer_id: int) -> None:
         if layer_id not in self._slots:
@@ -430,6 +433,10 @@ class SplitAdapter(LeafAdapter):
 
     kind = PoolKind.SPLIT
     source_attr = "k_buffer"
+    returns = (
+        "``k_buffer[slot]`` viewed as the logical dtype",
+        "``v_buffer[slot]`` viewed as the logical dtype",
+    )
     __slots__ = ()
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
@@ -452,6 +459,10 @@ class LatentAdapter(LeafAdapter):
 
     kind = PoolKind.LATENT
     source_attr = "kv_buffer"
+    returns = (
+        "the full latent row ``kv_buffer[slot]`` (logical dtype)",
+        "its first ``kv_lora_rank`` columns, a view of the same storage",
+    )
     __slots__ = ()
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
@@ -480,6 +491,10 @@ class SingleKVAdapter(LeafAdapter):
     kind = PoolKind.SINGLE_KV
     source_attr = "kv_buffer"
     native_waits = False
+    returns = (
+        "the packed page-major ``kv_buffer[slot]`` typed as the logical dtype",
+        "the same tensor as the key (the storage is shared)",
+    )
     __slots__ = ()
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
@@ -501,6 +516,10 @@ class KeyOnlyAdapter(LeafAdapter):
 
     kind = PoolKind.KEY_ONLY
     source_attr = "k_buffer"
+    returns = (
+        "``k_buffer[slot]`` viewed as the logical dtype",
+        "raises ``NoValueBufferError`` (a ``NotImplementedError``)",
+    )
     __slots__ = ()
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
@@ -521,6 +540,10 @@ class IndexKeyAdapter(KeyOnlyAdapter):
 
     source_attr = "index_k_with_scale_buffer"
     native_waits = False
+    returns = (
+        "the packed ``uint8`` ``index_k_with_scale_buffer[slot]`` (keys, then scales)",
+        "raises ``NoValueBufferError`` (a ``NotImplementedError``)",
+    )
     __slots__ = ()
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:

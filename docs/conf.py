@@ -1,0 +1,34 @@
+"""Sphinx configuration. The build runs in the test command with -W (warnings fail it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _gen import write_generated  # noqa: E402
+
+import kvcompat  # noqa: E402
+
+project = "kvcompat"
+author = "kvcompat developers"
+release = kvcompat.__version__
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+exclude_patterns = ["_build", "_generated/*.md"]
+myst_enable_extensions = ["colon_fence"]
+myst_heading_anchors = 3
+html_theme = "furo"
+html_title = "kvcompat"
+html_static_path: list[str] = []  # no custom assets
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "undoc-members": False}
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+suppress_warnings = ["myst.header"]
+
+write_generated(Path(__file__).resolve().parent / "_generated")
