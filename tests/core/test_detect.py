@@ -116,22 +116,36 @@ def test_names_are_confirmed_in_sys_modules() -> None:
     assert kvcompat.pool_kind(fake) is None
 
 
-def test_sglang_names_match_through_a_module_that_is_loaded() -> None:
-    name = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
-    if name in sys.modules:
-        pytest.skip("real sglang is imported in this process")
+def test_names_match_through_a_module_that_is_loaded() -> None:
+    name = "fakeengine_for_kvcompat.pools"
     module = types.ModuleType(name)
-    cls = types.new_class("DeepSeekV4SingleKVPool")
+    cls = types.new_class("PackedPool")
     cls.__module__ = name
-    module.DeepSeekV4SingleKVPool = cls  # type: ignore[attr-defined]
-    sys.modules[name] = module
+    module.PackedPool = cls  # type: ignore[attr-defined]
+    kvcompat.register_adapter(
+        f"{name}.PackedPool",
+        "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4SingleKVPool",
+    )
     try:
+        assert kvcompat.pool_kind(cls) is None  # module not imported: cannot be that class
+        sys.modules[name] = module
+        _registry._cache.clear()
         assert kvcompat.is_single_kv_pool(cls)
         sub = types.new_class("HiSparseLike", (cls,))
         assert kvcompat.is_single_kv_pool(sub)
     finally:
-        del sys.modules[name]
-        _registry._cache.clear()
+        sys.modules.pop(name, None)
+        kvcompat.unregister_adapter(f"{name}.PackedPool")
+
+
+def test_sglang_class_names_match_in_moved_modules() -> None:
+    # A release that moves DeepSeekV4SingleKVPool to another sglang module keeps working.
+    cls = types.new_class("DeepSeekV4SingleKVPool")
+    cls.__module__ = "sglang.srt.mem_cache.moved_somewhere_else"
+    assert kvcompat.is_single_kv_pool(cls)
+    other = types.new_class("DeepSeekV4SingleKVPool")
+    other.__module__ = "notsglang.srt.mem_cache.moved_somewhere_else"
+    assert kvcompat.pool_kind(other) is None
 
 
 def test_detection_is_cached_per_type_and_thread_safe() -> None:

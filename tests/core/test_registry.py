@@ -120,18 +120,21 @@ def test_unsupported_but_recognised_classes_say_why() -> None:
     import sys
     import types
 
-    name = "sglang.srt.mem_cache.memory_pool"
-    if name in sys.modules:
-        pytest.skip("real sglang is imported in this process")
+    from kvcompat._registry import Family, _install
+
+    name = "fakeengine_for_kvcompat.noop"
+    qualname = f"{name}.NoOpPool"
     module = types.ModuleType(name)
-    cls = types.new_class("NoOpMHATokenToKVPool")
+    cls = types.new_class("NoOpPool")
     cls.__module__ = name
-    module.NoOpMHATokenToKVPool = cls  # type: ignore[attr-defined]
+    module.NoOpPool = cls  # type: ignore[attr-defined]
     sys.modules[name] = module
+    _install(Family(qualname, None, reason="it holds placeholder buffers only."))
     try:
         assert kvcompat.pool_kind(cls) is None
-        with pytest.raises(kvcompat.UnsupportedPoolError, match="placeholder buffers"):
+        with pytest.raises(kvcompat.UnsupportedPoolError, match="placeholder buffers") as info:
             kvcompat.adapt(cls())
+        assert qualname in str(info.value)
     finally:
         del sys.modules[name]
-        kvcompat._registry._cache.clear()
+        kvcompat.unregister_adapter(qualname)

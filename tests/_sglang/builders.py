@@ -1,0 +1,407 @@
+"""One builder per SGLang 0.5.23 pool class that constructs on CPU: a fresh native pool each call.
+
+Every builder calls :func:`~_sglang.env.prepare_sglang` first (idempotent), builds on
+``device="cpu"`` with ``enable_memory_saver=False`` and the small sizes measured in
+``shared/reference/sglang-on-cpu.md``, and returns the native object untouched.
+
+``end_layer``: SGLang's model set-up passes the *exclusive* end of the pipeline stage
+(``kv_cache_configurator``: ``start_layer <= i < end_layer``), while ``KVCache.__init__``
+defaults it to ``layer_num - 1`` whatever ``start_layer`` is (trap 2). Builders taking a
+``start_layer`` therefore take ``end_layer=STAGE_END`` (the default: pass
+``start_layer + layer_num`` as production does), ``None`` (omit it: the native default), or
+an ``int`` (passed through).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import torch
+
+from _sglang.env import prepare_sglang
+
+__all__ = [
+    "DSV4_LAYOUT_DIMS",
+    "STAGE_END",
+    "EndLayer",
+    "build_dsa_pool",
+    "build_dsv4_indexer_pool",
+    "build_dsv4_single_pool",
+    "build_dsv4_token_pool",
+    "build_dsv4_uniform_fp8_pool",
+    "build_hisparse_c4_pool",
+    "build_hybrid_linear_pool",
+    "build_k_only_pool",
+    "build_mha_pool",
+    "build_mla_pool",
+    "build_swa_pool",
+    "end_layer_kwargs",
+]
+
+
+class _StageEnd:
+    """Sentinel type of :data:`STAGE_END`."""
+
+    def __repr__(self) -> str:
+        return "STAGE_END"
+
+
+STAGE_END: Final = _StageEnd()
+"""``end_layer`` value meaning "``start_layer + layer_num``", as SGLang's model set-up passes."""
+
+EndLayer = int | None | _StageEnd
+
+DEVICE: Final = "cpu"
+SIZE: Final = 64
+MHA_PAGE: Final = 16
+HEAD_NUM: Final = 2
+HEAD_DIM: Final = 8
+KV_LORA_RANK: Final = 32
+QK_ROPE: Final = 16
+DSA_PAGE: Final = 64  # DSATokenToKVPool asserts 64-token physical pages off HIP/XPU.
+DSA_INDEX_HEAD_DIM: Final = 128  # asserted by DSATokenToKVPool
+DSA_KV_CACHE_DIM: Final = KV_LORA_RANK + QK_ROPE
+DSV4_PAGE: Final = 64
+DSV4_INDEX_HEAD_DIM: Final = 128
+
+DSV4_LAYOUT_DIMS: Final[Mapping[str, tuple[int, int]]] = {
+    # kv_layout -> (qk_nope_head_dim, qk_rope_head_dim) accepted on CPU. V4 asserts
+    # 448 fp8 + 64 bf16 rope = 584 B/token; the V4.1 family (and "uniform_fp8" given as a
+    # layout) only assert nope + rope == 512, so DeepSeek-V4's real 448 + 64 is used for all.
+    "v4": (448, 64),
+    "v41": (448, 64),
+    "v41_fp4": (448, 64),
+    "uniform_fp8": (448, 64),
+    "v41_new": (448, 64),
+    "v41_fp4_new": (448, 64),
+}
+
+
+def end_layer_kwargs(start_layer: int, layer_num: int, end_layer: EndLayer) -> dict[str, int]:
+    """The ``end_layer`` keyword argument (or none) for a builder's ``end_layer`` value."""
+    if isinstance(end_layer, _StageEnd):
+        return {"end_layer": start_layer + layer_num}
+    if end_layer is None:
+        return {}
+    return {"end_layer": end_layer}
+
+
+def _stage(start_layer: int, layer_num: int, end_layer: EndLayer) -> dict[str, int]:
+    """``start_layer`` / ``end_layer`` keyword arguments for a stage-aware constructor."""
+    return {"start_layer": start_layer, **end_layer_kwargs(start_layer, layer_num, end_layer)}
+
+
+def build_mha_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+    dtype: torch.dtype = torch.bfloat16,
+    size: int = SIZE,
+    page_size: int = MHA_PAGE,
+) -> Any:
+    """``MHATokenToKVPool``: K and V ``[size + page, heads, dim]`` per layer."""
+    mp = prepare_sglang().memory_pool
+    return mp.MHATokenToKVPool(
+        size=size,
+        page_size=page_size,
+        dtype=dtype,
+        head_num=HEAD_NUM,
+        head_dim=HEAD_DIM,
+        layer_num=layer_num,
+        device=DEVICE,
+        enable_memory_saver=False,
+        **_stage(start_layer, layer_num, end_layer),
+    )
+
+
+def build_k_only_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Any:
+    """``MHATokenToKOnlyPool`` (MiniMax sparse index keys): K only."""
+    mp = prepare_sglang().memory_pool
+    return mp.MHATokenToKOnlyPool(
+        size=SIZE,
+        page_size=MHA_PAGE,
+        dtype=dtype,
+        head_num=HEAD_NUM,
+        head_dim=HEAD_DIM,
+        layer_num=layer_num,
+        device=DEVICE,
+        enable_memory_saver=False,
+        **_stage(start_layer, layer_num, end_layer),
+    )
+
+
+def build_mla_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Any:
+    """``MLATokenToKVPool``: one latent row ``[size + page, 1, kv_lora_rank + rope]`` per layer."""
+    mp = prepare_sglang().memory_pool
+    return mp.MLATokenToKVPool(
+        size=SIZE,
+        page_size=MHA_PAGE,
+        dtype=dtype,
+        kv_lora_rank=KV_LORA_RANK,
+        qk_rope_head_dim=QK_ROPE,
+        layer_num=layer_num,
+        device=DEVICE,
+        enable_memory_saver=False,
+        **_stage(start_layer, layer_num, end_layer),
+    )
+
+
+def build_dsa_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+) -> Any:
+    """``DSATokenToKVPool`` (bf16 latent, so not the packed 656-byte fp8 row) + index-K cache."""
+    mp = prepare_sglang().memory_pool
+    return mp.DSATokenToKVPool(
+        size=SIZE,
+        page_size=DSA_PAGE,
+        kv_lora_rank=KV_LORA_RANK,
+        dtype=torch.bfloat16,
+        qk_rope_head_dim=QK_ROPE,
+        layer_num=layer_num,
+        device=DEVICE,
+        index_head_dim=DSA_INDEX_HEAD_DIM,
+        enable_memory_saver=False,
+        kv_cache_dim=DSA_KV_CACHE_DIM,
+        **_stage(start_layer, layer_num, end_layer),
+    )
+
+
+def build_hybrid_linear_pool(
+    *,
+    full_attention_layer_ids: Sequence[int] = (1, 3),
+    start_layer: int = 0,
+) -> Any:
+    """``HybridLinearKVPool`` over an MHA sub-pool; ``mamba_pool=None`` (not needed for K/V).
+
+    The wrapper takes global ids of the full-attention layers and maps them to dense
+    sub-pool ids; ``start_layer`` only shifts its layer-transfer wait. It has no ``end_layer``.
+    """
+    mp = prepare_sglang().memory_pool
+    return mp.HybridLinearKVPool(
+        size=SIZE,
+        dtype=torch.bfloat16,
+        page_size=MHA_PAGE,
+        head_num=HEAD_NUM,
+        head_dim=HEAD_DIM,
+        full_attention_layer_ids=list(full_attention_layer_ids),
+        device=DEVICE,
+        mamba_pool=None,
+        enable_memory_saver=False,
+        start_layer=start_layer,
+    )
+
+
+def build_swa_pool(
+    *,
+    swa_attention_layer_ids: Sequence[int] = (0, 2),
+    full_attention_layer_ids: Sequence[int] = (1, 3),
+    size_swa: int = 32,
+    sub_pool_kwargs: Mapping[str, Any] | None = None,
+) -> Any:
+    """``SWAKVPool`` over two MHA sub-pools.
+
+    The wrapper has no ``start_layer`` parameter (it hard-codes 0); a pipeline stage is
+    expressed by its global layer ids. ``sub_pool_kwargs`` go through the wrapper's
+    ``**kwargs`` to *both* sub-pools -- that is how trap 5 (``start_layer`` via kwargs) is built.
+    """
+    swa = prepare_sglang().swa_memory_pool
+    return swa.SWAKVPool(
+        size=SIZE,
+        size_swa=size_swa,
+        page_size=MHA_PAGE,
+        dtype=torch.bfloat16,
+        head_num=HEAD_NUM,
+        head_dim=HEAD_DIM,
+        swa_attention_layer_ids=list(swa_attention_layer_ids),
+        full_attention_layer_ids=list(full_attention_layer_ids),
+        device=DEVICE,
+        enable_memory_saver=False,
+        **dict(sub_pool_kwargs or {}),
+    )
+
+
+def _dsv4_single_like(
+    cls_name: str,
+    *,
+    start_layer: int,
+    layer_num: int,
+    end_layer: EndLayer,
+    dtype: torch.dtype,
+    kv_layout: str | None,
+    size: int,
+    page_size: int,
+) -> Any:
+    d4 = prepare_sglang().deepseek_v4_memory_pool
+    nope, rope = DSV4_LAYOUT_DIMS[kv_layout or "v4"]
+    layout = {} if kv_layout is None else {"kv_layout": kv_layout}
+    return getattr(d4, cls_name)(
+        size,
+        page_size,
+        dtype,
+        nope,
+        rope,
+        layer_num,
+        DEVICE,
+        False,  # enable_memory_saver
+        **_stage(start_layer, layer_num, end_layer),
+        **layout,
+    )
+
+
+def build_dsv4_single_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+    kv_layout: str | None = None,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    size: int = SIZE,
+    page_size: int = DSV4_PAGE,
+) -> Any:
+    """``DeepSeekV4SingleKVPool``: one ``[pages, page_bytes]`` uint8 buffer per layer.
+
+    ``kv_layout=None`` leaves the constructor default (V4); any key of
+    :data:`DSV4_LAYOUT_DIMS` is passed as the ``kv_layout`` string. ``dtype`` must store as
+    uint8 (an fp8 dtype, or ``torch.uint8`` itself); bf16 fails a bare AssertionError.
+    """
+    return _dsv4_single_like(
+        "DeepSeekV4SingleKVPool",
+        start_layer=start_layer,
+        layer_num=layer_num,
+        end_layer=end_layer,
+        dtype=dtype,
+        kv_layout=kv_layout,
+        size=size,
+        page_size=page_size,
+    )
+
+
+def build_dsv4_uniform_fp8_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+) -> Any:
+    """``DeepSeekV4UniformFP8KVPool`` (TRT-LLM): ``[pages, page * 512]`` float8_e4m3fn."""
+    return _dsv4_single_like(
+        "DeepSeekV4UniformFP8KVPool",
+        start_layer=start_layer,
+        layer_num=layer_num,
+        end_layer=end_layer,
+        dtype=torch.float8_e4m3fn,
+        kv_layout=None,
+        size=SIZE,
+        page_size=DSV4_PAGE,
+    )
+
+
+def build_hisparse_c4_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+) -> Any:
+    """``HiSparseC4DevicePool``: a V4 single pool whose rows are HiSparse device slots."""
+    return _dsv4_single_like(
+        "HiSparseC4DevicePool",
+        start_layer=start_layer,
+        layer_num=layer_num,
+        end_layer=end_layer,
+        dtype=torch.float8_e4m3fn,
+        kv_layout=None,
+        size=SIZE,
+        page_size=DSV4_PAGE,
+    )
+
+
+def build_dsv4_indexer_pool(
+    *,
+    use_fp4_indexer: bool | None = False,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+) -> Any:
+    """``DeepSeekV4IndexerPool``: ``[pages, page * 132]`` (fp8) or ``[pages, page * 68]`` (fp4).
+
+    ``use_fp4_indexer=None`` reads ``enable_deepseek_v4_fp4_indexer`` from the published
+    runtime config (False under the dummy config).
+    """
+    d4 = prepare_sglang().deepseek_v4_memory_pool
+    return d4.DeepSeekV4IndexerPool(
+        SIZE,
+        DSV4_PAGE,
+        torch.float8_e4m3fn,
+        DSV4_INDEX_HEAD_DIM,
+        layer_num,
+        DEVICE,
+        False,  # enable_memory_saver
+        use_fp4_indexer=use_fp4_indexer,
+        **_stage(start_layer, layer_num, end_layer),
+    )
+
+
+def build_dsv4_token_pool(
+    *,
+    compression_ratios: Sequence[int] = (0, 4, 128),
+    start_layer: int | None = None,
+    end_layer: EndLayer = STAGE_END,
+    kv_layout: str | None = None,
+    page_size: int = 256,
+) -> Any:
+    """``DeepSeekV4TokenToKVPool``: SWA main cache + c4/c128 compressed caches + c4 indexer.
+
+    ``compression_ratios`` is the whole model's list (one entry per model layer), as in
+    production. ``start_layer=None`` builds the whole model; an int builds the pipeline stage
+    ``[start_layer, end_layer)`` (``end_layer=STAGE_END`` means ``len(compression_ratios)``).
+    ``layer_num`` is the stage's layer count. ``page_size`` must be a multiple of 128 (the
+    c128 page is ``page_size // 128``; 64 fails ZeroDivisionError).
+    """
+    d4 = prepare_sglang().deepseek_v4_memory_pool
+    ratios = list(compression_ratios)
+    if start_layer is None:
+        stage: dict[str, int] = {}
+        layer_num = len(ratios)
+    else:
+        end = len(ratios) if isinstance(end_layer, _StageEnd) else end_layer
+        stage = {"start_layer": start_layer, **({} if end is None else {"end_layer": end})}
+        layer_num = (len(ratios) if end is None else end) - start_layer
+    layout = {} if kv_layout is None else {"kv_layout": kv_layout}
+    return d4.DeepSeekV4TokenToKVPool(
+        max_num_reqs=4,
+        swa_size=256,
+        c4_size=64,
+        c128_size=4,
+        c4_state_pool_size=4,
+        c128_state_pool_size=4,
+        page_size=page_size,
+        swa_page_size=page_size,
+        dtype=torch.float8_e4m3fn,
+        c4_state_dtype=torch.float32,
+        c128_state_dtype=torch.float32,
+        qk_nope_head_dim=448,
+        qk_rope_head_dim=64,
+        indexer_head_dim=DSV4_INDEX_HEAD_DIM,
+        layer_num=layer_num,
+        device=DEVICE,
+        enable_memory_saver=False,
+        compression_ratios=ratios,
+        **stage,
+        **layout,
+    )

@@ -1,0 +1,230 @@
+"""Process set-up for running SGLang 0.5.23's own KV-pool classes on a CPU-only machine.
+
+Follows ``shared/reference/sglang-on-cpu.md`` (measured there):
+
+* ``sglang.srt.configs`` imports ``torchvision.transforms``; the registry's torchvision wheel
+  links ``libc10_cuda.so`` and cannot load beside the CPU build of torch. When no working
+  torchvision is importable, the import-only stub in ``stubs/`` goes first on ``sys.path``.
+* ``SGLANG_CACHE_DIR`` and ``SGLANG_JIT_CACHE_DIR`` point at a temporary folder (SGLang would
+  otherwise write under ``~/.cache/sglang``); ``SGLANG_USE_CPU_ENGINE`` stays unset (it routes
+  writes to ``sgl_kernel`` CPU ops that are not installed).
+* Several classes read the published runtime config, so a dummy one is installed the way
+  SGLang's own tests do: ``get_context().override_server_args(device="cpu")`` plus
+  ``get_parallel().override_permanently(attn_dcp_rank=0)``.
+* Importing the pool modules loads ~4,400 modules and takes 4-11 s, so it happens once per
+  process; :func:`prepare_sglang` is idempotent and :func:`release_sglang` undoes everything
+  that can be undone (the imported modules stay).
+
+Nothing in this module imports sglang at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "STUB_DIR",
+    "SGLangSession",
+    "current_session",
+    "prepare_sglang",
+    "release_sglang",
+    "sglang_installed",
+]
+
+STUB_DIR = Path(__file__).resolve().parent / "stubs"
+"""Folder holding the import-only ``torchvision`` stub package."""
+
+_POOL_MODULES = {
+    "memory_pool": "sglang.srt.mem_cache.memory_pool",
+    "swa_memory_pool": "sglang.srt.mem_cache.swa_memory_pool",
+    "deepseek_v4_memory_pool": "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+    "kv_layout": "sglang.kernels.ops.attention.dsv4.kv_layout",
+    "runtime_context": "sglang.srt.runtime_context",
+}
+_CACHE_VARS = ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR")
+_CPU_ENGINE_VAR = "SGLANG_USE_CPU_ENGINE"
+
+
+def sglang_installed() -> bool:
+    """Whether the ``sglang`` distribution can be found (without importing it)."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+@dataclass
+class SGLangSession:
+    """What :func:`prepare_sglang` did, so that :func:`release_sglang` can undo it.
+
+    Attributes:
+        memory_pool, swa_memory_pool, deepseek_v4_memory_pool, kv_layout, runtime_context:
+            the imported SGLang modules (read classes from them, e.g.
+            ``session.memory_pool.MHATokenToKVPool``).
+        torchvision_stubbed: True when the import stub stands in for torchvision.
+        cache_dir: the temporary folder SGLang's caches point at.
+        import_seconds: wall time of the one-off module import.
+        sglang_version: ``sglang.__version__``.
+    """
+
+    memory_pool: ModuleType
+    swa_memory_pool: ModuleType
+    deepseek_v4_memory_pool: ModuleType
+    kv_layout: ModuleType
+    runtime_context: ModuleType
+    torchvision_stubbed: bool
+    cache_dir: Path
+    import_seconds: float
+    sglang_version: str
+    _saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _server_args_handle: Any = field(default=None, repr=False)
+    _config_installed: bool = field(default=False, repr=False)
+
+    @property
+    def config_installed(self) -> bool:
+        """Whether the dummy published runtime config is currently installed."""
+        return self._config_installed
+
+
+_SESSION: SGLangSession | None = None
+
+
+def current_session() -> SGLangSession | None:
+    """The live session, or None before :func:`prepare_sglang` / after :func:`release_sglang`."""
+    return _SESSION
+
+
+def _working_torchvision() -> bool:
+    """Whether a real torchvision imports here (the registry's CUDA wheel does not)."""
+    if "torchvision" in sys.modules:
+        module = sys.modules["torchvision"]
+        return not str(getattr(module, "__file__", "")).startswith(str(STUB_DIR))
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        importlib.import_module("torchvision")
+    except (ImportError, OSError):
+        # A wheel built against CUDA torch fails with OSError (undefined symbol in
+        # libc10_cuda.so) or ImportError; drop whatever it left half-imported.
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        return False
+    return True
+
+
+def _install_torchvision_stub() -> bool:
+    if _working_torchvision():
+        return False
+    stub = str(STUB_DIR)
+    if stub not in sys.path:
+        sys.path.insert(0, stub)
+        importlib.invalidate_caches()
+    return True
+
+
+def _set_env(saved: dict[str, str | None], cache_dir: Path) -> None:
+    for name in (*_CACHE_VARS, _CPU_ENGINE_VAR):
+        saved[name] = os.environ.get(name)
+    for name in _CACHE_VARS:
+        os.environ[name] = str(cache_dir)
+    os.environ.pop(_CPU_ENGINE_VAR, None)
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    saved.clear()
+
+
+def _install_config(session: SGLangSession) -> None:
+    context = session.runtime_context
+    handle = context.get_context().override_server_args(device="cpu")
+    handle.install()
+    try:
+        # attn_dcp_rank alone makes the published parallel config complete enough for
+        # DSATokenToKVPool, DeepSeekV4TokenToKVPool and DeepSeekV4IndexerPool(None).
+        context.get_parallel().override_permanently(attn_dcp_rank=0)
+    except BaseException:
+        handle.restore()
+        raise
+    session._server_args_handle = handle
+    session._config_installed = True
+
+
+def _uninstall_config(session: SGLangSession) -> None:
+    if not session._config_installed:
+        return
+    session._config_installed = False
+    session.runtime_context.get_parallel().clear_stamp()
+    session._server_args_handle.restore()
+    session._server_args_handle = None
+
+
+def prepare_sglang() -> SGLangSession:
+    """Make SGLang's pool classes constructible on this CPU-only process; idempotent.
+
+    The first call (per process) puts the torchvision stub on ``sys.path`` if needed, points
+    SGLang's caches at a temporary folder, unsets ``SGLANG_USE_CPU_ENGINE``, imports the pool
+    modules and installs the dummy runtime config. Later calls return the same session.
+
+    Raises:
+        ModuleNotFoundError: sglang is not installed (callers skip before getting here).
+    """
+    global _SESSION  # noqa: PLW0603 -- one process-wide session, by design
+    if _SESSION is not None:
+        return _SESSION
+    if not sglang_installed():
+        msg = "sglang is not installed; see tests/real/README.md for the test environment"
+        raise ModuleNotFoundError(msg, name="sglang")
+
+    stubbed = _install_torchvision_stub()
+    cache_dir = Path(tempfile.mkdtemp(prefix="kvcompat-sglang-cache-"))
+    saved: dict[str, str | None] = {}
+    _set_env(saved, cache_dir)
+    try:
+        started = time.perf_counter()
+        modules = {key: importlib.import_module(name) for key, name in _POOL_MODULES.items()}
+        import_seconds = time.perf_counter() - started
+        session = SGLangSession(
+            **modules,
+            torchvision_stubbed=stubbed,
+            cache_dir=cache_dir,
+            import_seconds=import_seconds,
+            sglang_version=importlib.import_module("sglang").__version__,
+            _saved_env=saved,
+        )
+        _install_config(session)
+    except BaseException:
+        _restore_env(saved)
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        raise
+    _SESSION = session
+    return session
+
+
+def release_sglang() -> None:
+    """Undo :func:`prepare_sglang`: runtime config, environment variables, cache folder.
+
+    The imported modules (and the stub's ``sys.path`` entry, which they were imported through)
+    stay: un-importing 4,400 modules is neither possible nor useful. A later
+    :func:`prepare_sglang` installs the config again and returns a fresh session.
+    """
+    global _SESSION
+    session, _SESSION = _SESSION, None
+    if session is None:
+        return
+    try:
+        _uninstall_config(session)
+    finally:
+        _restore_env(session._saved_env)
+        shutil.rmtree(session.cache_dir, ignore_errors=True)

@@ -1,0 +1,100 @@
+"""The tier's process set-up does what sglang-on-cpu.md prescribes, and only that."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+from _sglang.env import STUB_DIR, SGLangSession, prepare_sglang
+
+
+def test_sglang_version_is_the_surveyed_one(sglang_session: SGLangSession) -> None:
+    # Every native fact in this tier was read from (and measured on) 0.5.23. A different
+    # version must fail here first, with the instruction, before the facts fail one by one.
+    assert sglang_session.sglang_version == "0.5.23", (
+        f"installed sglang is {sglang_session.sglang_version}, the tier pins 0.5.23: re-survey "
+        "shared/reference/sglang-pools.md and update tests/real/test_native_facts.py"
+    )
+
+
+def test_prepare_is_idempotent(sglang_session: SGLangSession) -> None:
+    assert prepare_sglang() is sglang_session
+    assert sys.path.count(str(STUB_DIR)) <= 1, "the stub folder was put on sys.path twice"
+
+
+def test_caches_point_at_a_private_temp_folder(sglang_session: SGLangSession) -> None:
+    assert sglang_session.cache_dir.is_dir()
+    for name in ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR"):
+        assert os.environ.get(name) == str(sglang_session.cache_dir), name
+    assert "SGLANG_USE_CPU_ENGINE" not in os.environ
+
+
+def test_runtime_config_is_published(sglang_session: SGLangSession) -> None:
+    context = sglang_session.runtime_context
+    assert sglang_session.config_installed
+    # The override is declared, then projected into the config bags at publish time; the
+    # raw ServerArgs field keeps its None.
+    assert context.get_device().device == "cpu"
+    assert context.get_context().resolved_server_args_dict()["device"] == "cpu"
+    assert context.get_parallel().attn_dcp_rank == 0
+
+
+def test_pool_modules_were_imported_from_the_wheel(sglang_session: SGLangSession) -> None:
+    for module in (
+        sglang_session.memory_pool,
+        sglang_session.swa_memory_pool,
+        sglang_session.deepseek_v4_memory_pool,
+    ):
+        assert "site-packages" in str(module.__file__), module.__file__
+    # The measured one-off import (README quotes it); a cached second prepare is free.
+    assert sglang_session.import_seconds > 0
+
+
+def test_torchvision_is_the_stub_only_when_no_real_one_works(
+    sglang_session: SGLangSession,
+) -> None:
+    tv = sys.modules["torchvision"]
+    from_stub = str(tv.__file__).startswith(str(STUB_DIR))
+    assert from_stub == sglang_session.torchvision_stubbed
+    if not from_stub:
+        pytest.skip("a real torchvision is installed; the stub is not in use")
+    assert str(STUB_DIR) in sys.path
+
+
+@pytest.mark.parametrize(
+    "module_name",
+    [
+        "torchvision",
+        "torchvision.io",
+        "torchvision.transforms",
+        "torchvision.transforms.functional",
+        "torchvision.transforms.v2",
+        "torchvision.transforms.v2.functional",
+    ],
+)
+def test_stub_modules(sglang_session: SGLangSession, module_name: str) -> None:
+    if not sglang_session.torchvision_stubbed:
+        pytest.skip("a real torchvision is installed; the stub is not in use")
+    module = importlib.import_module(module_name)
+    assert module.__version__ == "0.28.0+kvcompat.stub"
+    modes = {m.name for m in module.InterpolationMode}
+    assert modes == {
+        "NEAREST",
+        "NEAREST_EXACT",
+        "BILINEAR",
+        "BICUBIC",
+        "BOX",
+        "HAMMING",
+        "LANCZOS",
+    }
+    placeholder = module.AnyNameAtAll
+    assert isinstance(placeholder, type)
+    assert module.AnyNameAtAll is placeholder, "one placeholder class per name"
+    with pytest.raises(RuntimeError, match=rf"{module_name}\.AnyNameAtAll is a placeholder"):
+        placeholder(1, key="value")()
+    # Dunder probes (import machinery, inspect, pkgutil) must see an ordinary module.
+    assert not hasattr(module, "__wrapped__")
+    if module_name in ("torchvision.io", "torchvision.transforms.functional"):
+        assert not hasattr(module, "__path__"), f"{module_name} must not look like a package"
