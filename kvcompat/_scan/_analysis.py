@@ -1,0 +1,807 @@
+"""Find native pool accesses that no single-KV guard protects, in one parsed module.
+
+Two passes over the tree, both iterative (no recursion, so generated code with
+deeply nested expressions cannot exhaust the interpreter's stack):
+
+1. :class:`_Binder` records, per scope, where each local name is bound and
+   whether the bound value is a kvcompat adapter (``kvcompat.adapt(...)``), the
+   result of a detector (``kvcompat.is_single_kv_pool(...)``) or anything else;
+   per class, what ``self.<attr>`` is assigned from.
+2. :class:`_Walker` visits every expression with a context that says whether a
+   detector guard or a ``try`` protects it, and turns each unprotected access
+   into a :class:`Hit` (a finding plus the text edits that fix it, if any).
+
+The rules are documented for users in ``docs/scan.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+from collections.abc import Iterable, Iterator, Sequence
+
+from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, Finding, make_message
+from kvcompat._scan._source import SourceText, Suppressions, parse_expression
+
+__all__ = ["Edit", "Hit", "analyze"]
+
+# kvcompat's detectors that tell a single-KV (or key-only) pool apart from the
+# others; is_composite_pool and is_supported_pool do not, so they are no guard.
+_DETECTORS = frozenset(
+    {"is_single_kv_pool", "is_key_only_pool", "pool_kind", "is_split_kv_pool", "is_latent_pool"}
+)
+# Detectors whose truth value says "this pool is single-KV / key-only", so the
+# branch where they are true is known to be the breaking one.
+_POLAR_DETECTORS = frozenset({"is_single_kv_pool", "is_key_only_pool"})
+_ADAPTERS = frozenset({"adapt", "compat"})
+_POOL_WORDS = ("pool", "kv_cache", "kvcache", "token_to_kv")
+_POOL_CLASS_WORDS = ("pool", "kvcache")
+
+# What a surrounding ``try`` must catch to protect each code. kv_buffer (KVC005)
+# has none: on DeepSeek-V4 single-KV pools it exists and silently has another shape.
+_NOT_IMPLEMENTED = "NotImplementedError"
+_ATTRIBUTE = "AttributeError"
+_CATCHES: dict[str, frozenset[str]] = {
+    _NOT_IMPLEMENTED: frozenset(
+        {"NotImplementedError", "RuntimeError", "Exception", "BaseException"}
+    ),
+    _ATTRIBUTE: frozenset({"AttributeError", "Exception", "BaseException"}),
+}
+_NEEDS_CATCH: dict[str, str] = {
+    "KVC001": _NOT_IMPLEMENTED,
+    "KVC002": _NOT_IMPLEMENTED,
+    "KVC003": _NOT_IMPLEMENTED,
+    "KVC004": _ATTRIBUTE,
+}
+_EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+_TRY_TYPES: tuple[type[ast.stmt], ...] = tuple(
+    t for t in (getattr(ast, "Try", None), getattr(ast, "TryStar", None)) if t is not None
+)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# Expressions that can take ``.layer_id`` without parentheses.
+_PRIMARIES = (ast.Name, ast.Attribute, ast.Subscript, ast.Call)
+_MAX_SHOWN = 40
+# Every name the scanner looks for contains one of these ("kv_buffer" contains
+# "v_buffer"). Identifiers are NFKC-normalised, so only ASCII text can skip analysis.
+_NEEDLES = (*CALL_RULES, "k_buffer", "v_buffer")
+
+_Position = tuple[int, int]
+
+
+class _Kind(enum.Enum):
+    """What a name (or ``self`` attribute) holds, as far as the scanner can tell."""
+
+    ADAPTED = "adapted"
+    DETECTED = "detected"
+    OTHER = "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """Replace ``text[start:end]`` with ``text`` (an insertion when start == end)."""
+
+    start: int
+    end: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """A finding with the span of its node and the edits that fix it (empty if none)."""
+
+    finding: Finding
+    span: tuple[int, int]
+    edits: tuple[Edit, ...]
+
+
+@dataclasses.dataclass
+class _Scope:
+    parent: _Scope | None
+    is_class: bool
+    bindings: dict[str, list[tuple[_Position, _Kind]]] = dataclasses.field(default_factory=dict)
+
+    def bind(self, name: str, position: _Position, kind: _Kind) -> None:
+        self.bindings.setdefault(name, []).append((position, kind))
+
+
+@dataclasses.dataclass
+class _Class:
+    name: str
+    methods: frozenset[str]  # defined in the class body (methods and properties)
+    assigned: set[str] = dataclasses.field(default_factory=set)  # self.<x> = / class attrs
+    kinds: dict[str, set[_Kind]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_pool(self) -> bool:
+        lowered = self.name.lower()
+        return any(word in lowered for word in _POOL_CLASS_WORDS)
+
+    def kind_of(self, attr: str) -> _Kind:
+        kinds = self.kinds.get(attr, set())
+        if _Kind.DETECTED in kinds:
+            return _Kind.DETECTED
+        return _Kind.ADAPTED if kinds == {_Kind.ADAPTED} else _Kind.OTHER
+
+
+@dataclasses.dataclass
+class _Names:
+    """How the module spells kvcompat (``import kvcompat as kc``, ``from kvcompat import …``)."""
+
+    modules: set[str] = dataclasses.field(default_factory=lambda: {"kvcompat"})
+    adapters: set[str] = dataclasses.field(default_factory=lambda: set(_ADAPTERS))
+    detectors: dict[str, str] = dataclasses.field(
+        default_factory=lambda: {name: name for name in _DETECTORS}
+    )
+    imported: set[str] = dataclasses.field(default_factory=set)
+
+    @classmethod
+    def collect(cls, tree: ast.Module) -> _Names:
+        names = cls()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == "kvcompat" or (
+                        alias.name.startswith("kvcompat.") and alias.asname is None
+                    ):
+                        names.modules.add(alias.asname or "kvcompat")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module != "kvcompat" and not node.module.startswith("kvcompat."):
+                    continue
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    names.imported.add(local)
+                    if alias.name in _ADAPTERS:
+                        names.adapters.add(local)
+                    if alias.name in _DETECTORS:
+                        names.detectors[local] = alias.name
+        return names
+
+    def detector(self, func: ast.expr) -> str | None:
+        """The detector a call's ``func`` names, or None."""
+        if isinstance(func, ast.Name):
+            return self.detectors.get(func.id)
+        if isinstance(func, ast.Attribute) and func.attr in _DETECTORS:
+            return func.attr
+        return None
+
+    def is_adapt_call(self, expr: ast.expr) -> bool:
+        while isinstance(expr, ast.NamedExpr):
+            expr = expr.value
+        if not isinstance(expr, ast.Call):
+            return False
+        func = expr.func
+        if isinstance(func, ast.Name):
+            return func.id in self.adapters
+        return (
+            isinstance(func, ast.Attribute)
+            and func.attr in _ADAPTERS
+            and isinstance(func.value, ast.Name)
+            and func.value.id in self.modules
+        )
+
+    def mentions_kvcompat(self, annotation: ast.expr | None) -> bool:
+        """Whether a parameter annotation names a kvcompat type."""
+        if annotation is None:
+            return False
+        for node in ast.walk(annotation):
+            if isinstance(node, ast.Name) and (node.id in self.modules or node.id in self.imported):
+                return True
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                try:
+                    parsed = parse_expression(node.value)
+                except SyntaxError:
+                    continue
+                if self.mentions_kvcompat(parsed):
+                    return True
+        return False
+
+    def classify(self, value: ast.expr) -> _Kind:
+        if self.is_adapt_call(value):
+            return _Kind.ADAPTED
+        for node in ast.walk(value):
+            if isinstance(node, ast.Call) and self.detector(node.func) is not None:
+                return _Kind.DETECTED
+        return _Kind.OTHER
+
+
+def _end(node: ast.expr | ast.stmt) -> _Position:
+    end_lineno = node.end_lineno if node.end_lineno is not None else node.lineno
+    end_col = node.end_col_offset if node.end_col_offset is not None else node.col_offset
+    return end_lineno, end_col
+
+
+def _target_names(target: ast.expr) -> Iterator[ast.Name]:
+    for node in ast.walk(target):
+        if isinstance(node, ast.Name):
+            yield node
+
+
+def _is_self(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Name) and expr.id == "self"
+
+
+def _parameters(args: ast.arguments) -> Iterator[ast.arg]:
+    yield from args.posonlyargs
+    yield from args.args
+    if args.vararg is not None:
+        yield args.vararg
+    yield from args.kwonlyargs
+    if args.kwarg is not None:
+        yield args.kwarg
+
+
+class _Binder:
+    """Pass 1: where names are bound, and to what kind of value."""
+
+    def __init__(self, tree: ast.Module, names: _Names) -> None:
+        self.names = names
+        self.scopes: dict[ast.AST, _Scope] = {}
+        self.classes: dict[ast.ClassDef, _Class] = {}
+        root = _Scope(parent=None, is_class=False)
+        self.scopes[tree] = root
+        stack: list[tuple[ast.AST, _Scope, _Class | None]] = [(tree, root, None)]
+        while stack:
+            node, scope, cls = stack.pop()
+            stack.extend(self._visit(node, scope, cls))
+        for scope in self.scopes.values():
+            for events in scope.bindings.values():
+                events.sort(key=lambda event: event[0])
+
+    def _visit(
+        self, node: ast.AST, scope: _Scope, cls: _Class | None
+    ) -> Iterator[tuple[ast.AST, _Scope, _Class | None]]:
+        if isinstance(node, (*_FUNCTIONS, ast.Lambda)):
+            yield from self._enter_function(node, scope, cls)
+            return
+        if isinstance(node, ast.ClassDef):
+            yield from self._enter_class(node, scope, cls)
+            return
+        self._record(node, scope, cls)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(node, ast.comprehension) and child is node.target:
+                continue  # comprehension targets are handled by the walker
+            yield child, scope, cls
+
+    def _enter_function(
+        self,
+        node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
+        scope: _Scope,
+        cls: _Class | None,
+    ) -> Iterator[tuple[ast.AST, _Scope, _Class | None]]:
+        inner = _Scope(parent=scope, is_class=False)
+        self.scopes[node] = inner
+        start = (node.lineno, node.col_offset)
+        for param in _parameters(node.args):
+            adapted = self.names.mentions_kvcompat(param.annotation)
+            inner.bind(param.arg, start, _Kind.ADAPTED if adapted else _Kind.OTHER)
+        outer: list[ast.AST] = [*node.args.defaults]
+        outer.extend(default for default in node.args.kw_defaults if default is not None)
+        if isinstance(node, ast.Lambda):
+            yield node.body, inner, cls
+        else:
+            scope.bind(node.name, _end(node), _Kind.OTHER)
+            outer.extend(node.decorator_list)
+            outer.extend(p.annotation for p in _parameters(node.args) if p.annotation)
+            if node.returns is not None:
+                outer.append(node.returns)
+            for stmt in node.body:
+                yield stmt, inner, cls
+        yield from ((child, scope, cls) for child in outer)
+
+    def _enter_class(
+        self, node: ast.ClassDef, scope: _Scope, cls: _Class | None
+    ) -> Iterator[tuple[ast.AST, _Scope, _Class | None]]:
+        scope.bind(node.name, _end(node), _Kind.OTHER)
+        methods = frozenset(stmt.name for stmt in node.body if isinstance(stmt, _FUNCTIONS))
+        info = _Class(name=node.name, methods=methods)
+        for stmt in node.body:  # class attributes (``k_buffer = None``) belong to it too
+            if isinstance(stmt, ast.Assign):
+                targets = stmt.targets
+            elif isinstance(stmt, ast.AnnAssign):
+                targets = [stmt.target]
+            else:
+                continue
+            info.assigned.update(name.id for target in targets for name in _target_names(target))
+        self.classes[node] = info
+        inner = _Scope(parent=scope, is_class=True)
+        self.scopes[node] = inner
+        for child in (*node.decorator_list, *node.bases, *node.keywords):
+            yield child, scope, cls
+        for stmt in node.body:
+            yield stmt, inner, info
+
+    def _record(self, node: ast.AST, scope: _Scope, cls: _Class | None) -> None:
+        if isinstance(node, ast.Assign):
+            kind = self.names.classify(node.value)
+            for target in node.targets:
+                self._assign(target, kind, _end(node), scope, cls)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            self._assign(node.target, self.names.classify(node.value), _end(node), scope, cls)
+        elif isinstance(node, ast.AugAssign):
+            self._assign(node.target, _Kind.OTHER, _end(node), scope, cls)
+        elif isinstance(node, ast.NamedExpr):
+            scope.bind(node.target.id, _end(node), self.names.classify(node.value))
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self._assign(node.target, _Kind.OTHER, _end(node.target), scope, cls)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            target = node.optional_vars
+            self._assign(target, _Kind.OTHER, _end(target), scope, cls)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and _is_self(node.value)
+            and cls is not None
+        ):
+            cls.assigned.add(node.attr)
+        else:
+            self._record_other(node, scope)
+
+    @staticmethod
+    def _record_other(node: ast.AST, scope: _Scope) -> None:
+        """Bindings that never hold an adapter: imports, ``except ... as``, match captures."""
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            scope.bind(node.name, (node.lineno, node.col_offset), _Kind.OTHER)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                local = alias.asname or alias.name.partition(".")[0]
+                if local != "*":
+                    scope.bind(local, _end(node), _Kind.OTHER)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            scope.bind(node.name, (node.lineno, node.col_offset), _Kind.OTHER)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            scope.bind(node.rest, (node.lineno, node.col_offset), _Kind.OTHER)
+
+    @staticmethod
+    def _assign(
+        target: ast.expr, kind: _Kind, position: _Position, scope: _Scope, cls: _Class | None
+    ) -> None:
+        if isinstance(target, ast.Name):
+            scope.bind(target.id, position, kind)
+        elif isinstance(target, ast.Attribute) and _is_self(target.value) and cls is not None:
+            cls.kinds.setdefault(target.attr, set()).add(kind)
+        else:
+            for name in _target_names(target):
+                scope.bind(name.id, position, _Kind.OTHER)
+
+
+def _lookup(name: str, position: _Position, scope: _Scope) -> _Kind:
+    """The kind of the binding of ``name`` that a use at ``position`` in ``scope`` sees.
+
+    In the use's own scope, the nearest binding before the use (in source order)
+    wins. In an enclosing scope (a closure, or a module global used in a
+    function), the kind counts only when every binding there agrees. Class
+    scopes are skipped when looking outwards, as Python does.
+    """
+    current: _Scope | None = scope
+    own = True
+    while current is not None:
+        if current.is_class and not own:
+            current = current.parent
+            continue
+        events = current.bindings.get(name)
+        if events:
+            if own:
+                before = [kind for where, kind in events if where <= position]
+                return before[-1] if before else _Kind.OTHER
+            kinds = {kind for _, kind in events}
+            return kinds.pop() if len(kinds) == 1 else _Kind.OTHER
+        own = False
+        current = current.parent
+    return _Kind.OTHER
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ctx:
+    """What protects the code being visited."""
+
+    scope: _Scope
+    cls: _Class | None
+    guarded: bool = False
+    caught: frozenset[str] = frozenset()
+    comprehension_names: frozenset[str] = frozenset()
+
+
+def _single_when(expr: ast.expr, names: _Names) -> bool | None:
+    """The truth value of ``expr`` under which the pool is known to be single-KV/key-only.
+
+    ``is_single_kv_pool(p)`` -> True, ``not is_single_kv_pool(p)`` -> False,
+    anything else -> None (unknown).
+    """
+    negated = False
+    while isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        negated = not negated
+        expr = expr.operand
+    if isinstance(expr, ast.Call) and names.detector(expr.func) in _POLAR_DETECTORS:
+        return not negated
+    return None
+
+
+def _operands(test: ast.expr, op: type[ast.boolop]) -> list[ast.expr]:
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, op):
+        return list(test.values)
+    return [test]
+
+
+def _exits(body: Sequence[ast.stmt]) -> bool:
+    return bool(body) and isinstance(body[-1], _EXITS)
+
+
+def _handler_names(handler: ast.ExceptHandler) -> Iterator[str]:
+    if handler.type is None:
+        yield "BaseException"
+        return
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    for expr in types:
+        if isinstance(expr, ast.Name):
+            yield expr.id
+        elif isinstance(expr, ast.Attribute):
+            yield expr.attr
+
+
+def _catches(exception_names: Iterable[str]) -> frozenset[str]:
+    listed = set(exception_names)
+    return frozenset(error for error, names in _CATCHES.items() if listed & names)
+
+
+def _suppress_names(item: ast.withitem) -> list[str]:
+    call = item.context_expr
+    if not isinstance(call, ast.Call):
+        return []
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    if name != "suppress":
+        return []
+    return [
+        arg.id if isinstance(arg, ast.Name) else arg.attr
+        for arg in call.args
+        if isinstance(arg, (ast.Name, ast.Attribute))
+    ]
+
+
+def _shown(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_SHOWN else "…" + text[-(_MAX_SHOWN - 1) :]
+
+
+class _Walker:
+    """Pass 2: visit every node with what protects it; collect unprotected accesses."""
+
+    def __init__(
+        self, tree: ast.Module, source: SourceText, path: str, names: _Names, binder: _Binder
+    ) -> None:
+        self.source = source
+        self.path = path
+        self.names = names
+        self.binder = binder
+        self.hits: list[Hit] = []
+        stack: list[tuple[ast.AST, _Ctx]] = []
+        self._push_block(stack, tree.body, _Ctx(scope=binder.scopes[tree], cls=None))
+        while stack:
+            node, ctx = stack.pop()
+            self._check(node, ctx)
+            self._push_children(stack, node, ctx)
+
+    # -- what protects a node -------------------------------------------------
+
+    def _kind(self, expr: ast.expr, ctx: _Ctx) -> _Kind:
+        if isinstance(expr, ast.Name):
+            if expr.id in ctx.comprehension_names:
+                return _Kind.OTHER
+            return _lookup(expr.id, (expr.lineno, expr.col_offset), ctx.scope)
+        if isinstance(expr, ast.Attribute) and _is_self(expr.value) and ctx.cls is not None:
+            return ctx.cls.kind_of(expr.attr)
+        return _Kind.OTHER
+
+    def _mentions_detector(self, test: ast.expr, ctx: _Ctx) -> bool:
+        for node in ast.walk(test):
+            if isinstance(node, ast.Call) and self.names.detector(node.func) is not None:
+                return True
+            if isinstance(node, (ast.Name, ast.Attribute)) and (
+                self._kind(node, ctx) is _Kind.DETECTED
+            ):
+                return True
+        return False
+
+    def _branches(self, test: ast.expr, ctx: _Ctx) -> tuple[_Ctx, _Ctx]:
+        """The contexts of the true and the false branch of a test."""
+        if not self._mentions_detector(test, ctx):
+            return ctx, ctx
+        single_if_true = any(_single_when(o, self.names) is True for o in _operands(test, ast.And))
+        single_if_false = any(_single_when(o, self.names) is False for o in _operands(test, ast.Or))
+        return (
+            dataclasses.replace(ctx, guarded=not single_if_true),
+            dataclasses.replace(ctx, guarded=not single_if_false),
+        )
+
+    def _after(self, stmt: ast.stmt, ctx: _Ctx) -> _Ctx:
+        """The context of the statements that follow ``stmt`` in its block."""
+        if isinstance(stmt, ast.If) and _exits(stmt.body):
+            return self._branches(stmt.test, ctx)[1]
+        if isinstance(stmt, ast.Assert):
+            return self._branches(stmt.test, ctx)[0]
+        return ctx
+
+    def _protected(self, code: str, receiver: ast.expr, ctx: _Ctx) -> bool:
+        if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
+            return True
+        return self.names.is_adapt_call(receiver) or self._kind(receiver, ctx) is _Kind.ADAPTED
+
+    # -- traversal ------------------------------------------------------------
+
+    def _push_block(
+        self, stack: list[tuple[ast.AST, _Ctx]], body: Sequence[ast.stmt], ctx: _Ctx
+    ) -> None:
+        for stmt in body:
+            stack.append((stmt, ctx))
+            ctx = self._after(stmt, ctx)
+
+    def _fresh(self, node: ast.AST, cls: _Class | None) -> _Ctx:
+        """A new scope: guards and ``try`` blocks outside it do not protect its body."""
+        return _Ctx(scope=self.binder.scopes[node], cls=cls)
+
+    def _push_children(  # noqa: PLR0912 -- one branch per construct that changes protection
+        self, stack: list[tuple[ast.AST, _Ctx]], node: ast.AST, ctx: _Ctx
+    ) -> None:
+        if isinstance(node, _FUNCTIONS):
+            self._push_block(stack, node.body, self._fresh(node, ctx.cls))
+            outer = [*node.decorator_list, node.args]
+            if node.returns is not None:
+                outer.append(node.returns)
+            stack.extend((child, ctx) for child in outer)
+        elif isinstance(node, ast.Lambda):
+            stack.append((node.body, self._fresh(node, ctx.cls)))
+            stack.append((node.args, ctx))
+        elif isinstance(node, ast.ClassDef):
+            inner = self._fresh(node, self.binder.classes[node])
+            self._push_block(stack, node.body, inner)
+            outer = [*node.decorator_list, *node.bases, *node.keywords]
+            stack.extend((child, ctx) for child in outer)
+        elif isinstance(node, (ast.If, ast.IfExp)):
+            if_true, if_false = self._branches(node.test, ctx)
+            if isinstance(node, ast.If):
+                self._push_block(stack, node.body, if_true)
+                self._push_block(stack, node.orelse, if_false)
+            else:
+                stack.extend(((node.body, if_true), (node.orelse, if_false)))
+            stack.append((node.test, ctx))
+        elif isinstance(node, ast.BoolOp):
+            self._push_bool_op(stack, node, ctx)
+        elif isinstance(node, _TRY_TYPES):
+            self._push_try(stack, node, ctx)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            names = [name for item in node.items for name in _suppress_names(item)]
+            inner = dataclasses.replace(ctx, caught=ctx.caught | _catches(names))
+            self._push_block(stack, node.body, inner)
+            stack.extend((item, ctx) for item in node.items)
+        elif isinstance(node, ast.Match):
+            if self._mentions_detector(node.subject, ctx):
+                inner = dataclasses.replace(ctx, guarded=True)
+            else:
+                inner = ctx
+            stack.extend((case, inner) for case in node.cases)
+            stack.append((node.subject, ctx))
+        elif isinstance(node, _COMPREHENSIONS):
+            self._push_comprehension(stack, node, ctx)
+        else:
+            self._push_fields(stack, node, ctx)
+
+    def _push_fields(self, stack: list[tuple[ast.AST, _Ctx]], node: ast.AST, ctx: _Ctx) -> None:
+        for _, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self._push_block(stack, value, ctx)
+                else:
+                    stack.extend((item, ctx) for item in value if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST):
+                stack.append((value, ctx))
+
+    def _push_bool_op(self, stack: list[tuple[ast.AST, _Ctx]], node: ast.BoolOp, ctx: _Ctx) -> None:
+        # An operand runs only when the ones before it were all true (and) or all
+        # false (or): the same rule as an if whose test is those operands.
+        current = ctx
+        for index, value in enumerate(node.values):
+            stack.append((value, current))
+            previous = ast.BoolOp(op=node.op, values=node.values[: index + 1])
+            if_true, if_false = self._branches(previous, ctx)
+            current = if_true if isinstance(node.op, ast.And) else if_false
+
+    def _push_try(self, stack: list[tuple[ast.AST, _Ctx]], node: ast.AST, ctx: _Ctx) -> None:
+        handlers: list[ast.ExceptHandler] = getattr(node, "handlers", [])
+        names = [name for handler in handlers for name in _handler_names(handler)]
+        inner = dataclasses.replace(ctx, caught=ctx.caught | _catches(names))
+        self._push_block(stack, getattr(node, "body", []), inner)
+        stack.extend((handler, ctx) for handler in handlers)
+        self._push_block(stack, getattr(node, "orelse", []), ctx)
+        self._push_block(stack, getattr(node, "finalbody", []), ctx)
+
+    def _push_comprehension(
+        self,
+        stack: list[tuple[ast.AST, _Ctx]],
+        node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp,
+        ctx: _Ctx,
+    ) -> None:
+        bound = frozenset(
+            name.id for generator in node.generators for name in _target_names(generator.target)
+        )
+        inner = dataclasses.replace(ctx, comprehension_names=ctx.comprehension_names | bound)
+        first, *rest = node.generators
+        stack.append((first.iter, ctx))
+        stack.extend((condition, inner) for condition in first.ifs)
+        for generator in rest:
+            stack.extend((child, inner) for child in (generator.iter, *generator.ifs))
+        if isinstance(node, ast.DictComp):
+            stack.extend(((node.key, inner), (node.value, inner)))
+        else:
+            stack.append((node.elt, inner))
+
+    # -- findings -------------------------------------------------------------
+
+    def _check(self, node: ast.AST, ctx: _Ctx) -> None:
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in CALL_RULES:
+                self._check_call(node, func, ctx)
+            elif isinstance(func, ast.Name) and func.id == "getattr":
+                self._check_getattr(node, ctx)
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in ATTRIBUTE_RULES
+            and isinstance(node.ctx, ast.Load)
+        ):
+            self._check_attribute(node, node.value, node.attr, node, ctx)
+
+    def _name_position(self, node: ast.Attribute) -> tuple[int, int]:
+        """1-based line and column of the attribute name in ``<expr>.<name>``."""
+        end_lineno, end_col = _end(node)
+        return end_lineno, self.source.char_col(end_lineno, end_col - len(node.attr)) + 1
+
+    def _check_call(self, node: ast.Call, func: ast.Attribute, ctx: _Ctx) -> None:
+        receiver = func.value
+        if (
+            isinstance(receiver, ast.Call)
+            and isinstance(receiver.func, ast.Name)
+            and receiver.func.id == "super"
+        ):
+            return  # a pool subclass calling its base class's implementation
+        if _is_self(receiver) and ctx.cls is not None and func.attr in ctx.cls.methods:
+            return  # a pool calling its own implementation of the method
+        code = CALL_RULES[func.attr]
+        if self._protected(code, receiver, ctx):
+            return
+        recv = _shown(self.source.segment(receiver))
+        edits, reason = self._call_fix(node, func, code)
+        note = f"; not auto-fixable: {reason}" if reason else ""
+        line, col = self._name_position(func)
+        message = make_message(code, f"{recv}.{func.attr}()", recv, note)
+        self._add(node, line, col, code, message, edits)
+
+    def _check_getattr(self, node: ast.Call, ctx: _Ctx) -> None:
+        if len(node.args) != 2 or node.keywords:
+            return  # getattr(pool, "k_buffer", default) is a probe, like hasattr
+        receiver, name = node.args
+        if isinstance(name, ast.Constant) and name.value in ATTRIBUTE_RULES:
+            attr = str(name.value)
+            self._check_attribute(node, receiver, attr, None, ctx)
+
+    def _check_attribute(
+        self,
+        node: ast.expr,
+        receiver: ast.expr,
+        attr: str,
+        attribute: ast.Attribute | None,
+        ctx: _Ctx,
+    ) -> None:
+        if not self._pool_like(receiver, attr, ctx):
+            return
+        code = ATTRIBUTE_RULES[attr]
+        if self._protected(code, receiver, ctx):
+            return
+        recv = _shown(self.source.segment(receiver))
+        if attribute is None:
+            what = f'getattr({recv}, "{attr}")'
+            line = node.lineno
+            col = self.source.char_col(node.lineno, node.col_offset) + 1
+        else:
+            what = f"{recv}.{attr}"
+            line, col = self._name_position(attribute)
+        getter = "get_value_buffer" if attr == "v_buffer" else "get_key_buffer"
+        use = f"kvcompat.adapt({recv}).{getter}(layer_id) or .read(layer_id, loc)"
+        self._add(node, line, col, code, make_message(code, what, recv, use=use), ())
+
+    def _pool_like(self, receiver: ast.expr, attr: str, ctx: _Ctx) -> bool:
+        if _is_self(receiver) and ctx.cls is not None:
+            # A pool class reading storage it does not define itself (it inherits it).
+            cls = ctx.cls
+            return cls.is_pool and attr not in cls.assigned and attr not in cls.methods
+        text = self.source.segment(receiver).lower()
+        return any(word in text for word in _POOL_WORDS)
+
+    def _call_fix(
+        self, node: ast.Call, func: ast.Attribute, code: str
+    ) -> tuple[tuple[Edit, ...], str]:
+        """The edits that port the call to kvcompat, or why there are none."""
+        expected = 4 if code == "KVC003" else 1
+        if any(isinstance(arg, ast.Starred) for arg in node.args):
+            return (), "it passes *args"
+        if node.keywords:
+            return (), "it passes keyword arguments"
+        if len(node.args) != expected:
+            return (), f"it passes {len(node.args)} positional arguments, not {expected}"
+        source = self.source
+        receiver = func.value
+        name_end = source.end(func)
+        located = source.text[name_end - len(func.attr) : name_end] == func.attr
+        if not (located and self._located(receiver) and self._located(node.args[0])):
+            return (), "its source text could not be located exactly"
+        edits = [
+            Edit(source.start(receiver), source.start(receiver), "kvcompat.adapt("),
+            Edit(source.end(receiver), source.end(receiver), ")"),
+        ]
+        if code == "KVC003":
+            loc = node.args[1]
+            if isinstance(loc, ast.Call) and "KVWriteLoc" in source.segment(loc.func):
+                return (), "its location is a KVWriteLoc, not a tensor of token indices"
+            edits.append(Edit(name_end - len(func.attr), name_end, "write"))
+            layer = node.args[0]
+            if isinstance(layer, _PRIMARIES):
+                edits.append(Edit(source.end(layer), source.end(layer), ".layer_id"))
+            else:
+                edits.append(Edit(source.start(layer), source.start(layer), "("))
+                edits.append(Edit(source.end(layer), source.end(layer), ").layer_id"))
+        return tuple(edits), ""
+
+    def _located(self, node: ast.expr) -> bool:
+        """Whether ``node``'s reported span holds exactly its source (a guard for rewrites)."""
+        try:
+            reparsed = parse_expression(f"({self.source.segment(node)})")
+        except SyntaxError:
+            return False
+        return ast.dump(reparsed) == ast.dump(node)
+
+    def _add(
+        self,
+        node: ast.expr,
+        line: int,
+        col: int,
+        code: str,
+        message: str,
+        edits: tuple[Edit, ...],
+    ) -> None:
+        finding = Finding(self.path, line, col, code, message, fixable=bool(edits))
+        span = (self.source.start(node), self.source.end(node))
+        self.hits.append(Hit(finding=finding, span=span, edits=edits))
+
+
+def analyze(tree: ast.Module, text: str, path: str) -> list[Hit]:
+    r"""Every unguarded, unsuppressed pool access in a parsed module, in source order.
+
+    Args:
+        tree: ``ast.parse(text)``.
+        text: The module's source.
+        path: The name to put into findings.
+
+    Returns:
+        The hits, sorted by line and column.
+
+    Example:
+        >>> import ast
+        >>> from kvcompat._scan._analysis import analyze
+        >>> text = "pool.get_kv_buffer(0)\n"
+        >>> [hit.finding.code for hit in analyze(ast.parse(text), text, "x.py")]
+        ['KVC002']
+    """
+    if text.isascii() and not any(name in text for name in _NEEDLES):
+        return []  # the fast path for the many modules that never mention these names
+    names = _Names.collect(tree)
+    binder = _Binder(tree, names)
+    walker = _Walker(tree, SourceText(text), path, names, binder)
+    if not walker.hits:
+        return []
+    suppressions = Suppressions.parse(text)
+    hits = [
+        hit for hit in walker.hits if not suppressions.covers(hit.finding.line, hit.finding.code)
+    ]
+    hits.sort(key=lambda hit: (hit.finding.line, hit.finding.col, hit.finding.code))
+    return hits

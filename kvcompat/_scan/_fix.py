@@ -1,0 +1,239 @@
+"""Scanning and fixing one module's source text.
+
+Fixes are text edits at the spans ``ast`` reports, so everything outside those
+spans (comments, formatting, line endings) stays byte-for-byte as it was. A
+rewrite is kept only if the result parses.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+
+from kvcompat._scan._analysis import Edit, Hit, analyze
+from kvcompat._scan._rules import Finding
+from kvcompat._scan._source import SourceText, parse_module
+
+__all__ = ["fix_source", "parse", "scan_source"]
+
+# Nested fixable calls (one in another's receiver or arguments) are fixed one
+# level per pass; no real module nests anywhere near this deep.
+_MAX_PASSES = 50
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+def parse(text: str, path: str) -> ast.Module | Finding:
+    r"""Parse ``text``, or describe why it does not parse as a ``KVC900`` finding.
+
+    Example:
+        >>> from kvcompat._scan._fix import parse
+        >>> print(parse("x = (\n", "a.py").format())  # doctest: +NORMALIZE_WHITESPACE
+        a.py:1:5: KVC900 syntax error: '(' was never closed;
+        fix the file (or exclude it) and scan again
+    """
+    try:
+        return parse_module(text, path)
+    except SyntaxError as exc:
+        line = exc.lineno or 0
+        col = (exc.offset or 1) if line else 0
+        reason = exc.msg
+    except (RecursionError, MemoryError):
+        line, col, reason = 0, 0, "too deeply nested for Python's parser"
+    except ValueError as exc:  # null bytes, on Python versions that raise ValueError
+        line, col, reason = 0, 0, str(exc)
+    message = f"syntax error: {reason}; fix the file (or exclude it) and scan again"
+    return Finding(path, line, col, "KVC900", message, fixable=False)
+
+
+def scan_source(source: str, path: str = "<string>") -> list[Finding]:
+    """Find the unguarded native pool accesses in one module's source.
+
+    Args:
+        source: Python source text.
+        path: The name to put into the findings.
+
+    Returns:
+        The findings in source order. A module that does not parse gives one
+        ``KVC900`` finding instead (this function never raises on bad input).
+
+    Example:
+        >>> from kvcompat.scan import scan_source
+        >>> source = '''
+        ... def probe(pool, layer_id):
+        ...     v_head_dim = pool.get_value_buffer(layer_id).shape[-1]
+        ...     if kvcompat.is_single_kv_pool(pool):
+        ...         return None
+        ...     return pool.k_buffer[layer_id], v_head_dim
+        ... '''
+        >>> [(f.line, f.col, f.code) for f in scan_source(source, "probe.py")]
+        [(3, 23, 'KVC001')]
+    """
+    tree = parse(source, path)
+    if isinstance(tree, Finding):
+        return [tree]
+    return [hit.finding for hit in analyze(tree, source, path)]
+
+
+def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]:
+    r"""Rewrite the mechanical cases to kvcompat calls; report what is left.
+
+    ``X.get_value_buffer(i)`` and ``X.get_kv_buffer(i)`` become
+    ``kvcompat.adapt(X).get_value_buffer(i)`` / ``.get_kv_buffer(i)``;
+    ``X.set_kv_buffer(layer, loc, k, v)`` (exactly four positional arguments)
+    becomes ``kvcompat.adapt(X).write(layer.layer_id, loc, k, v)``. When anything
+    was rewritten and the module has no top-level ``import kvcompat``, one is
+    added after the docstring and ``__future__`` imports. Every other character
+    is kept as it was, and the result always parses.
+
+    Args:
+        source: Python source text.
+        path: The name to put into the findings.
+
+    Returns:
+        The fixed text (``source`` itself when nothing changed) and the findings
+        that remain in it.
+
+    Example:
+        >>> from kvcompat.scan import fix_source
+        >>> source = (
+        ...     "from __future__ import annotations\n"
+        ...     "def forward(pool, layer, loc, k, v):\n"
+        ...     "    pool.set_kv_buffer(layer, loc, k, v)\n"
+        ...     "    return pool.get_kv_buffer(layer.layer_id)\n"
+        ... )
+        >>> fixed, remaining = fix_source(source)
+        >>> print(fixed, end="")
+        from __future__ import annotations
+        import kvcompat
+        def forward(pool, layer, loc, k, v):
+            kvcompat.adapt(pool).write(layer.layer_id, loc, k, v)
+            return kvcompat.adapt(pool).get_kv_buffer(layer.layer_id)
+        >>> remaining
+        []
+    """
+    tree = parse(source, path)
+    if isinstance(tree, Finding):
+        return source, [tree]
+    text = source
+    changed = False
+    for _ in range(_MAX_PASSES):
+        step = _fix_pass(text, tree, path)
+        if step is None:
+            break
+        text, tree = step
+        changed = True
+    if changed and not _imports_kvcompat(tree):
+        with_import = _add_import(text, tree)
+        parsed = parse(with_import, path)
+        if isinstance(parsed, Finding):  # pragma: no cover - an import line always parses
+            return source, scan_source(source, path)
+        text, tree = with_import, parsed
+    remaining = [hit.finding for hit in analyze(tree, text, path)]
+    return text, [_unfixed(finding) for finding in remaining]
+
+
+def apply_edits(text: str, edits: Iterable[Edit]) -> str:
+    """Apply non-overlapping edits to ``text``.
+
+    Example:
+        >>> from kvcompat._scan._analysis import Edit
+        >>> from kvcompat._scan._fix import apply_edits
+        >>> apply_edits("pool.x", [Edit(0, 0, "f("), Edit(4, 4, ")")])
+        'f(pool).x'
+    """
+    pieces: list[str] = []
+    cursor = 0
+    for edit in sorted(edits, key=lambda edit: (edit.start, edit.end)):
+        pieces.append(text[cursor : edit.start])
+        pieces.append(edit.text)
+        cursor = edit.end
+    pieces.append(text[cursor:])
+    return "".join(pieces)
+
+
+def _fix_pass(text: str, tree: ast.Module, path: str) -> tuple[str, ast.Module] | None:
+    """Fix every fixable hit that does not overlap another; None when none is left."""
+    hits = [hit for hit in analyze(tree, text, path) if hit.edits]
+    hits.sort(key=lambda hit: (hit.span[0], -hit.span[1]))
+    disjoint: list[Hit] = []
+    for hit in hits:
+        if not disjoint or hit.span[0] >= disjoint[-1].span[1]:
+            disjoint.append(hit)
+    if not disjoint:
+        return None
+    fixed = _try(text, disjoint, path)
+    if fixed is not None:
+        return fixed
+    # Some rewrite does not parse (say, a yield expression as the receiver):
+    # keep the ones that parse on their own, and leave the rest reported.
+    working = [hit for hit in disjoint if _try(text, [hit], path) is not None]
+    return _try(text, working, path) if working else None
+
+
+def _try(text: str, hits: Sequence[Hit], path: str) -> tuple[str, ast.Module] | None:
+    candidate = apply_edits(text, [edit for hit in hits for edit in hit.edits])
+    parsed = parse(candidate, path)
+    return None if isinstance(parsed, Finding) else (candidate, parsed)
+
+
+def _unfixed(finding: Finding) -> Finding:
+    """A fixable finding still there after fixing is one whose rewrite did not parse."""
+    if not finding.fixable:
+        return finding
+    message = f"{finding.message}; not auto-fixable: the rewrite would not parse"
+    return dataclasses.replace(finding, message=message, fixable=False)
+
+
+def _imports_kvcompat(tree: ast.Module) -> bool:
+    """Whether a top-level statement binds the name ``kvcompat`` to the package."""
+    for stmt in tree.body:
+        if not isinstance(stmt, ast.Import):
+            continue
+        for alias in stmt.names:
+            plain = alias.asname is None and (
+                alias.name == "kvcompat" or alias.name.startswith("kvcompat.")
+            )
+            if plain or (alias.name == "kvcompat" and alias.asname == "kvcompat"):
+                return True
+    return False
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
+
+
+def _add_import(text: str, tree: ast.Module) -> str:
+    """Insert ``import kvcompat`` after the docstring and ``from __future__`` imports.
+
+    It goes just before the next statement, so a shebang, an encoding line and
+    header comments stay where they are.
+    """
+    body = tree.body
+    index = 1 if body and _is_docstring(body[0]) else 0
+    while (
+        index < len(body)
+        and isinstance(body[index], ast.ImportFrom)
+        and getattr(body[index], "module", None) == "__future__"
+    ):
+        index += 1
+    match = _NEWLINE.search(text)
+    newline = match.group() if match else "\n"
+    if index == len(body):  # only a docstring and __future__ imports: append
+        separator = "" if not text or text.endswith(("\n", "\r")) else newline
+        return f"{text}{separator}import kvcompat{newline}"
+    stmt = body[index]
+    first_line = min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", []))])
+    source = SourceText(text)
+    line_start = source.offset(first_line, 0)
+    before = source.line(first_line)[: source.char_col(first_line, stmt.col_offset)]
+    if first_line == stmt.lineno and before.strip():
+        # The statement shares its line with the one before it (``"""doc"""; x = 1``).
+        at = source.start(stmt)
+        return f"{text[:at]}import kvcompat; {text[at:]}"
+    return f"{text[:line_start]}import kvcompat{newline}{text[line_start:]}"

@@ -1,0 +1,427 @@
+"""Files and the command line: ``kvcompat scan [--fix | --diff] [--format json] PATH...``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import fnmatch
+import io
+import json
+import os
+import sys
+import tokenize
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from kvcompat._scan._fix import fix_source, scan_source
+from kvcompat._scan._rules import RULES, Finding
+from kvcompat._scan._source import split_lines
+
+__all__ = ["ScanReport", "main", "scan_paths"]
+
+_SKIPPED_DIRS = frozenset({"__pycache__", "site-packages", ".venv"})
+_Mode = Literal["check", "fix", "diff"]
+_JSON_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanReport:
+    r"""The result of scanning some paths.
+
+    Attributes:
+        findings: Unguarded pool accesses (``KVC001`` … ``KVC005``), by path and line.
+        errors: Paths and files that could not be checked (``KVC900`` … ``KVC902``).
+        files: How many Python files were checked (read and parsed).
+        fixed: How many findings ``--fix`` rewrote (0 when not fixing).
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> from kvcompat.scan import scan_paths
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = (pathlib.Path(tmp) / "probe.py").write_text("pool.kv_buffer[0]\n")
+        ...     report = scan_paths([tmp])
+        >>> [finding.code for finding in report.findings], report.files, report.exit_code
+        (['KVC005'], 1, 1)
+    """
+
+    findings: tuple[Finding, ...]
+    errors: tuple[Finding, ...] = ()
+    files: int = 0
+    fixed: int = 0
+
+    @property
+    def exit_code(self) -> int:
+        """2 if anything could not be checked, else 1 if findings remain, else 0.
+
+        Example:
+            >>> from kvcompat.scan import ScanReport
+            >>> ScanReport(findings=()).exit_code
+            0
+        """
+        if self.errors:
+            return 2
+        return 1 if self.findings else 0
+
+    @property
+    def fixable(self) -> int:
+        """How many of :attr:`findings` ``--fix`` would rewrite.
+
+        Example:
+            >>> from kvcompat.scan import scan_paths
+            >>> scan_paths([]).fixable
+            0
+        """
+        return sum(finding.fixable for finding in self.findings)
+
+    def summary(self) -> str:
+        """The last line the CLI prints.
+
+        Example:
+            >>> from kvcompat.scan import ScanReport
+            >>> ScanReport(findings=(), files=3).summary()
+            'kvcompat scan: no unguarded pool accesses in 3 files.'
+        """
+        files = _plural(self.files, "file")
+        if self.findings:
+            flagged = len({finding.path for finding in self.findings})
+            found = f"{_plural(len(self.findings), 'finding')} in {flagged} of {files}"
+            if self.fixable:
+                found += f" ({self.fixable} fixable with --fix)"
+        else:
+            found = f"no unguarded pool accesses in {files}"
+        if self.fixed:
+            found = f"fixed {_plural(self.fixed, 'finding')}; remaining: {found}"
+        if self.errors:
+            found += f"; {_plural(len(self.errors), 'path')} could not be checked (KVC9xx)"
+        return f"kvcompat scan: {found}."
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--format json`` document (``version`` 1).
+
+        Example:
+            >>> from kvcompat.scan import ScanReport
+            >>> sorted(ScanReport(findings=()).to_json())
+            ['errors', 'exit_code', 'files', 'findings', 'fixed', 'rules', 'summary', 'version']
+        """
+        return {
+            "version": _JSON_VERSION,
+            "files": self.files,
+            "fixed": self.fixed,
+            "exit_code": self.exit_code,
+            "summary": self.summary(),
+            "findings": [dataclasses.asdict(finding) for finding in self.findings],
+            "errors": [dataclasses.asdict(error) for error in self.errors],
+            "rules": {
+                code: {
+                    "name": rule.name,
+                    "breaks_on": rule.breaks_on,
+                    "classes": list(rule.classes),
+                    "replacement": rule.replacement.format(recv="pool"),
+                }
+                for code, rule in RULES.items()
+            },
+        }
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# -- files ----------------------------------------------------------------------
+
+
+def _excluded(path: str, patterns: Sequence[str]) -> bool:
+    """Whether a glob matches the path, a trailing part of it, or its name."""
+    posix = Path(path).as_posix()
+    name = Path(path).name
+    return any(
+        fnmatch.fnmatch(posix, p) or fnmatch.fnmatch(posix, f"*/{p}") or fnmatch.fnmatch(name, p)
+        for p in patterns
+    )
+
+
+def _walk(root: str, patterns: Sequence[str]) -> Iterator[str]:
+    """The ``.py`` files under ``root``, sorted, skipping hidden and tool directories."""
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(
+            name
+            for name in subdirs
+            if not name.startswith(".")
+            and name not in _SKIPPED_DIRS
+            and not _excluded(os.path.normpath(os.path.join(directory, name)), patterns)
+        )
+        for name in sorted(files):
+            path = os.path.normpath(os.path.join(directory, name))
+            if name.endswith(".py") and not _excluded(path, patterns):
+                yield path
+
+
+def _missing(path: str, why: str) -> Finding:
+    message = f"cannot read: {why}; pass an existing Python file or directory"
+    return Finding(path, 0, 0, "KVC902", message, fixable=False)
+
+
+def _files(
+    paths: Iterable[str | os.PathLike[str]], patterns: Sequence[str]
+) -> tuple[list[str], list[Finding]]:
+    files: list[str] = []
+    errors: list[Finding] = []
+    seen: set[str] = set()
+    for given in paths:
+        path = os.fspath(given)
+        if os.path.isdir(path):
+            found: Iterable[str] = _walk(path, patterns)
+        elif os.path.isfile(path):
+            found = [path]
+        elif os.path.lexists(path):
+            errors.append(_missing(path, "not a regular file or directory"))
+            continue
+        else:
+            errors.append(_missing(path, "no such file or directory"))
+            continue
+        for file in found:
+            key = os.path.realpath(file)
+            if key not in seen:
+                seen.add(key)
+                files.append(file)
+    return files, errors
+
+
+def _where(data: bytes, offset: int) -> tuple[int, int]:
+    """1-based line and byte column of ``offset`` in ``data``."""
+    line_start = max(data.rfind(b"\n", 0, offset), data.rfind(b"\r", 0, offset)) + 1
+    return data.count(b"\n", 0, offset) + 1, offset - line_start + 1
+
+
+def _decode(path: str, data: bytes) -> tuple[str, str] | Finding:
+    """``(text, encoding)``, honouring a BOM or a PEP 263 coding line; or a KVC901 finding."""
+    hint = "save the file as UTF-8 or declare its encoding (PEP 263)"
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding), encoding
+    except UnicodeDecodeError as exc:
+        line, col = _where(data, exc.start)
+        byte = data[exc.start : exc.start + 1].hex()
+        message = f"cannot decode: byte 0x{byte} is not valid {exc.encoding}; {hint}"
+        return Finding(path, line, col, "KVC901", message, fixable=False)
+    except SyntaxError as exc:  # detect_encoding: bad bytes in lines 1-2, or an unknown codec
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            line, col = _where(data, bad.start)
+            byte = data[bad.start : bad.start + 1].hex()
+            message = f"cannot decode: byte 0x{byte} is not valid utf-8; {hint}"
+            return Finding(path, line, col, "KVC901", message, fixable=False)
+        message = f"cannot decode: {exc.msg}; {hint}"
+        return Finding(path, 0, 0, "KVC901", message, fixable=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FileResult:
+    findings: list[Finding]
+    errors: list[Finding]
+    fixed: int = 0
+    diff: str = ""
+
+
+def _diff(path: str, before: str, after: str) -> str:
+    lines = difflib.unified_diff(
+        split_lines(before), split_lines(after), fromfile=path, tofile=path
+    )
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if not line.endswith(("\n", "\r")):
+            out.append("\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def _read(path: str) -> tuple[str, str] | Finding:
+    """``(text, encoding)`` of a file, or the KVC901/KVC902 finding that says why not."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return _missing(path, exc.strerror or str(exc))
+    return _decode(path, data)
+
+
+def _process(path: str, mode: _Mode) -> _FileResult:
+    decoded = _read(path)
+    if isinstance(decoded, Finding):
+        return _FileResult([], [decoded])
+    text, encoding = decoded
+    found = scan_source(text, path)
+    errors = [f for f in found if f.is_error]
+    before = [f for f in found if not f.is_error]
+    if mode == "check" or errors or not any(f.fixable for f in before):
+        return _FileResult(before, errors)
+    fixed, remaining = fix_source(text, path)
+    if fixed == text:
+        return _FileResult(remaining, [])
+    if mode == "diff":  # nothing is written, so every finding is still in the file
+        return _FileResult(before, [], diff=_diff(path, text, fixed))
+    try:
+        Path(path).write_bytes(fixed.encode(encoding))
+    except OSError as exc:
+        message = f"cannot write the fix: {exc.strerror or exc}; check the file's permissions"
+        return _FileResult(before, [Finding(path, 0, 0, "KVC902", message, fixable=False)])
+    return _FileResult(remaining, [], fixed=len(before) - len(remaining))
+
+
+def _run(
+    paths: Iterable[str | os.PathLike[str]], mode: _Mode, exclude: Sequence[str]
+) -> tuple[ScanReport, list[str]]:
+    files, errors = _files(paths, exclude)
+    findings: list[Finding] = []
+    diffs: list[str] = []
+    fixed = 0
+    checked = 0
+    for path in files:
+        result = _process(path, mode)
+        findings.extend(result.findings)
+        errors.extend(result.errors)
+        fixed += result.fixed
+        checked += not result.errors
+        if result.diff:
+            diffs.append(result.diff)
+    report = ScanReport(findings=tuple(findings), errors=tuple(errors), files=checked, fixed=fixed)
+    return report, diffs
+
+
+def scan_paths(
+    paths: Iterable[str | os.PathLike[str]], *, exclude: Sequence[str] = ()
+) -> ScanReport:
+    r"""Scan Python files and directories (recursively) without changing them.
+
+    Directories are searched for ``*.py`` files; hidden directories, ``.venv``,
+    ``site-packages`` and ``__pycache__`` are skipped, as is anything matching an
+    ``exclude`` glob (matched against the path, any trailing part of it such as
+    ``tests/fixtures``, and the name). A path named explicitly is always scanned,
+    whatever its suffix.
+
+    Args:
+        paths: Files and directories.
+        exclude: Glob patterns of paths to skip while walking directories.
+
+    Returns:
+        The report. Missing paths, unreadable files, files that are not valid
+        UTF-8 (or their declared encoding) and files with syntax errors are in
+        :attr:`ScanReport.errors`; the other files are still scanned.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> from kvcompat.scan import scan_paths
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = (pathlib.Path(tmp) / "ok.py").write_text("import kvcompat\n")
+        ...     report = scan_paths([tmp, pathlib.Path(tmp) / "missing.py"])
+        >>> report.files, report.exit_code, report.errors[0].code
+        (1, 2, 'KVC902')
+    """
+    return _run(paths, "check", exclude)[0]
+
+
+# -- command line ---------------------------------------------------------------
+
+_EPILOG = """\
+codes:
+  KVC001  .get_value_buffer(...)           KVC004  .k_buffer / .v_buffer on a pool
+  KVC002  .get_kv_buffer(...)              KVC005  .kv_buffer on a pool
+  KVC003  .set_kv_buffer(...)              KVC900-902  file could not be checked
+
+exit status: 0 no findings, 1 findings remain, 2 usage error or a file could not be checked.
+silence a line with "# kvcompat: ignore" (or "# kvcompat: ignore[KVC004]"),
+a whole file with "# kvcompat: ignore-file".
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvcompat scan",
+        description=(
+            "Find uses of SGLang KV-pool methods and attributes that break on "
+            "single-KV (DeepSeek-V4) and key-only pools, and are not guarded by a "
+            "kvcompat detector, a try/except or kvcompat.adapt()."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--fix", action="store_true", help="rewrite the mechanical cases in place")
+    action.add_argument(
+        "--diff",
+        action="store_true",
+        help="print what --fix would change as a unified diff; change nothing",
+    )
+    parser.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default text)"
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip files and directories matching GLOB while walking (repeatable)",
+    )
+    return parser
+
+
+def _write(stream: TextIO, text: str) -> None:
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:  # a console that cannot show "—" or a path's characters
+        encoding = stream.encoding or "ascii"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    r"""Run ``kvcompat scan``; return the exit status instead of exiting.
+
+    Args:
+        argv: The arguments after ``scan`` (``sys.argv[1:]`` when None).
+
+    Returns:
+        0 when no findings remain, 1 when findings remain (after ``--fix``, the
+        ones it could not rewrite), 2 for a usage error or a path or file that
+        could not be checked (other files are still scanned).
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> from kvcompat.scan import main
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     probe = pathlib.Path(tmp) / "probe.py"
+        ...     _ = probe.write_text("v = pool.get_value_buffer(0)\n")
+        ...     status = main([str(probe)])  # doctest: +ELLIPSIS
+        /.../probe.py:1:10: KVC001 pool.get_value_buffer() — breaks on ... instead
+        kvcompat scan: 1 finding in 1 of 1 file (1 fixable with --fix).
+        >>> status
+        1
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): return, never exit
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.diff and args.format == "json":
+        parser.print_usage(sys.stderr)
+        message = "kvcompat scan: error: --diff prints a unified diff; drop --format json\n"
+        _write(sys.stderr, message)
+        return 2
+    mode: _Mode = "fix" if args.fix else "diff" if args.diff else "check"
+    report, diffs = _run(args.paths, mode, args.exclude)
+    if args.format == "json":
+        _write(sys.stdout, json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+        return report.exit_code
+    messages = sys.stderr if mode == "diff" else sys.stdout
+    for diff in diffs:
+        _write(sys.stdout, diff)
+    for finding in sorted((*report.errors, *report.findings), key=_order):
+        _write(messages, finding.format() + "\n")
+    _write(messages, report.summary() + "\n")
+    return report.exit_code
+
+
+def _order(finding: Finding) -> tuple[str, int, int, str]:
+    return finding.path, finding.line, finding.col, finding.code

@@ -1,0 +1,149 @@
+"""The committed fixture files: exact findings, the committed --fix result, no-finding files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvcompat.scan import Finding, fix_source, scan_paths, scan_source
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scan"
+
+BACKEND = [
+    # (line, col, code, fixable)
+    (19, 49, "KVC001", True),  # shape probe self.token_to_kv_pool.get_value_buffer(start_layer)
+    (23, 44, "KVC003", True),  # set_kv_buffer(layer, loc, k, v)
+    (24, 59, "KVC002", True),  # k_cache, v_cache = ...get_kv_buffer(layer.layer_id)
+    (29, 14, "KVC003", False),  # six positional arguments (scales)
+    (40, 14, "KVC001", True),  # receiver and name on different lines
+    (45, 14, "KVC003", True),  # layer is a conditional expression: parenthesised
+    (46, 14, "KVC003", False),  # keyword arguments
+    (47, 14, "KVC003", False),  # KVWriteLoc location
+]
+
+PROFILER = [
+    (9, 35, "KVC004"),  # token_to_kv_pool.k_buffer[i]
+    (10, 35, "KVC004"),  # token_to_kv_pool.v_buffer[i]
+    (15, 43, "KVC005"),  # pool.kv_buffer inside a generator expression
+    (23, 30, "KVC004"),  # self.kv_cache.k_buffer
+    (25, 36, "KVC004"),  # hasattr() is a probe, not a guard
+    (31, 16, "KVC005"),  # getattr(self.kv_cache, "kv_buffer") without a default
+    (40, 48, "KVC004"),  # model_runner.token_to_kv_pool.k_buffer
+    (41, 48, "KVC004"),
+    (53, 33, "KVC004"),  # self.device_pool.k_buffer
+    (53, 74, "KVC004"),  # self.v_buffer in a *Pool class that does not create it
+]
+
+
+def _read(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def _positions(findings: list[Finding]) -> list[tuple[int, int, str]]:
+    return [(f.line, f.col, f.code) for f in findings]
+
+
+def test_attention_backend_findings_are_exact() -> None:
+    findings = scan_source(_read("attention_backend.py"), "attention_backend.py")
+    assert [(f.line, f.col, f.code, f.fixable) for f in findings] == BACKEND
+    assert all(f.path == "attention_backend.py" for f in findings)
+
+
+def test_profiler_findings_are_exact() -> None:
+    findings = scan_source(_read("kv_profiler.py"), "kv_profiler.py")
+    assert _positions(findings) == PROFILER
+    assert not any(f.fixable for f in findings)
+
+
+@pytest.mark.parametrize("name", ["attention_backend.py", "kv_profiler.py", "suppressed.py"])
+def test_columns_point_at_the_name(name: str) -> None:
+    lines = _read(name).splitlines()
+    for finding in scan_source(_read(name), name):
+        text = lines[finding.line - 1][finding.col - 1 :]
+        expected = (
+            ("getattr(",)
+            if "getattr" in finding.message.split()[0]
+            else (
+                "get_value_buffer(",
+                "get_kv_buffer(",
+                "set_kv_buffer(",
+                "k_buffer",
+                "v_buffer",
+                "kv_buffer",
+            )
+        )
+        assert text.startswith(expected), (finding, text)
+
+
+def test_messages_name_the_receiver_the_classes_and_the_replacement() -> None:
+    first = scan_source(_read("attention_backend.py"))[0]
+    assert first.message.startswith("self.token_to_kv_pool.get_value_buffer() — breaks on ")
+    assert "NotImplementedError" in first.message
+    assert first.message.endswith(
+        "use kvcompat.adapt(self.token_to_kv_pool).get_value_buffer(layer_id) instead"
+    )
+    not_fixable = scan_source(_read("attention_backend.py"))[3]
+    assert not_fixable.message.endswith(
+        "; not auto-fixable: it passes 6 positional arguments, not 4"
+    )
+
+
+@pytest.mark.parametrize("name", ["guarded.py", "ignored_file.py"])
+def test_files_without_findings(name: str) -> None:
+    assert scan_source(_read(name), name) == []
+
+
+def test_suppression_fixture() -> None:
+    findings = scan_source(_read("suppressed.py"))
+    # Line 7 silences KVC004 but has a KVC005; line 8's marker is inside a string.
+    assert _positions(findings) == [(7, 15, "KVC005"), (8, 36, "KVC002")]
+
+
+def test_fix_matches_the_committed_expected_file() -> None:
+    fixed, remaining = fix_source(_read("attention_backend.py"), "attention_backend.py")
+    assert fixed == _read("expected/attention_backend.py")
+    # Only the three set_kv_buffer calls kvcompat cannot port mechanically remain,
+    # one line further down (the added import).
+    assert [(f.line, f.col, f.code, f.fixable) for f in remaining] == [
+        (30, 14, "KVC003", False),
+        (47, 14, "KVC003", False),
+        (48, 14, "KVC003", False),
+    ]
+
+
+def test_rescanning_the_fixed_file_finds_only_the_non_fixable_ones() -> None:
+    fixed = _read("expected/attention_backend.py")
+    before = [f for f in scan_source(_read("attention_backend.py")) if not f.fixable]
+    after = scan_source(fixed)
+    assert [f.code for f in after] == [f.code for f in before]
+    assert [f.line for f in after] == [f.line + 1 for f in before]
+    assert fix_source(fixed) == (fixed, after)  # idempotent
+
+
+def test_fix_keeps_everything_else_byte_for_byte() -> None:
+    original = _read("attention_backend.py")
+    fixed = _read("expected/attention_backend.py")
+    undone = (
+        fixed.replace("import kvcompat\n", "", 1)
+        .replace("kvcompat.adapt(self.token_to_kv_pool)", "self.token_to_kv_pool")
+        .replace("kvcompat.adapt(forward_batch.token_to_kv_pool)", "forward_batch.token_to_kv_pool")
+        .replace("kvcompat.adapt(pool)", "pool")
+        .replace(".write(layer.layer_id,", ".set_kv_buffer(layer,")
+        .replace(
+            ".write((layers[0] if layers else None).layer_id,",
+            ".set_kv_buffer(layers[0] if layers else None,",
+        )
+    )
+    assert undone == original
+
+
+def test_fixture_directory_scan() -> None:
+    report = scan_paths([FIXTURES], exclude=["expected", "conftest.py"])
+    assert report.files == 5
+    assert report.errors == ()
+    per_file = {Path(f.path).name for f in report.findings}
+    assert per_file == {"attention_backend.py", "kv_profiler.py", "suppressed.py"}
+    assert len(report.findings) == len(BACKEND) + len(PROFILER) + 2
+    assert report.fixable == 6
+    assert report.exit_code == 1

@@ -1,0 +1,474 @@
+"""The detection and guard rules, one small module at a time."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from kvcompat.scan import scan_source
+
+
+def codes(source: str) -> list[str]:
+    return [finding.code for finding in scan_source(textwrap.dedent(source))]
+
+
+# -- what is looked for ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("pool.get_value_buffer(0)", ["KVC001"]),
+        ("anything.get_kv_buffer(i)", ["KVC002"]),
+        ("self.runner.x.set_kv_buffer(layer, loc, k, v)", ["KVC003"]),
+        ("get_pool().get_kv_buffer(0)", ["KVC002"]),
+        ("pool.k_buffer[0]", ["KVC004"]),
+        ("pool.v_buffer", ["KVC004"]),
+        ("pool.kv_buffer[0][loc]", ["KVC005"]),
+        ("self.kv_cache.k_buffer", ["KVC004"]),
+        ("runner.kvcache.kv_buffer", ["KVC005"]),
+        ("self.token_to_kv.v_buffer", ["KVC004"]),
+        ("self.pools[i].k_buffer", ["KVC004"]),
+        ("KVPool.k_buffer", ["KVC004"]),
+        ("pool.k_buffer[layer][loc] = x", ["KVC004"]),  # a write through the buffer
+        ('getattr(pool, "v_buffer")', ["KVC004"]),
+        ('getattr(kv_cache, "kv_buffer")', ["KVC005"]),
+        ("pool.get_key_buffer(0)", []),  # works on every pool
+        ("model.k_buffer, tensors.v_buffer, layer.kv_buffer", []),  # not pool-like
+        ('getattr(pool, "kv_buffer", None)', []),  # a probe with a default
+        ('hasattr(pool, "kv_buffer")', []),
+        ("getattr(pool, name)", []),
+        ("pool.k_buffer = x", []),  # a store defines the attribute
+        ("del pool.kv_buffer", []),
+        ("def get_kv_buffer(self, i): ...", []),  # a definition, not a call
+        ("get_kv_buffer(pool, 0)", []),  # a function, not the pool method
+    ],
+)
+def test_what_is_flagged(source: str, expected: list[str]) -> None:
+    assert codes(source) == expected
+
+
+def test_self_in_pool_classes() -> None:
+    source = """
+    class HostKVCache:
+        def __init__(self):
+            self.k_buffer = []
+
+        def read(self, i):
+            return self.k_buffer[i], self.v_buffer[i]
+
+    class Backend:
+        def read(self, i):
+            return self.k_buffer[i], self.kv_buffer[i]
+
+    class DeviceTokenPool(Base):
+        def read(self, i):
+            def inner():
+                return self.kv_buffer[i]
+            return inner
+
+    class HostPool(Base):
+        v_buffer: list[int] = []
+
+        @property
+        def k_buffer(self):
+            return self._k
+
+        def read(self, i):
+            return self.k_buffer[i], self.v_buffer[i]
+    """
+    findings = scan_source(textwrap.dedent(source))
+    # HostKVCache creates k_buffer itself (owner) but reads an inherited v_buffer;
+    # HostPool defines both (a property and a class attribute).
+    assert [(f.line, f.code) for f in findings] == [(7, "KVC004"), (16, "KVC005")]
+
+
+def test_pool_methods_calling_themselves() -> None:
+    source = """
+    class MyPool(KVCache):
+        def get_kv_buffer(self, i):
+            return self.get_kv_buffer(i - 1), super().get_value_buffer(i)
+
+        def shape(self):
+            return self.get_value_buffer(0).shape
+    """
+    # get_value_buffer is not defined in MyPool, so the second self call counts.
+    assert codes(source) == ["KVC001"]
+
+
+# -- detector guards ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        """
+        if kvcompat.is_single_kv_pool(pool):
+            pass
+        else:
+            pool.get_value_buffer(0)
+        """,
+        """
+        if not is_single_kv_pool(pool):
+            pool.get_kv_buffer(0)
+        """,
+        """
+        if kvcompat.pool_kind(pool) in (PoolKind.SPLIT, PoolKind.LATENT):
+            pool.get_value_buffer(0)
+        """,
+        """
+        if x:
+            pass
+        elif kvcompat.pool_kind(pool) == PoolKind.SPLIT:
+            pass
+        else:
+            pool.kv_buffer[0]
+        """,
+        """
+        if kvcompat.is_key_only_pool(pool) or kvcompat.is_single_kv_pool(pool):
+            pass
+        else:
+            pool.set_kv_buffer(layer, loc, k, v)
+        """,
+        """
+        def f(pool):
+            if kvcompat.is_single_kv_pool(pool):
+                return None
+            return pool.get_value_buffer(0)
+        """,
+        """
+        def f(pool):
+            assert not kvcompat.is_single_kv_pool(pool), "single-KV pools are not supported"
+            return pool.get_value_buffer(0)
+        """,
+        """
+        while True:
+            if kvcompat.is_single_kv_pool(pool):
+                break
+            pool.get_kv_buffer(0)
+        """,
+        "v = None if kvcompat.is_single_kv_pool(pool) else pool.get_value_buffer(0)",
+        "v = kvcompat.is_single_kv_pool(pool) or pool.get_value_buffer(0)",
+        "v = not kvcompat.is_single_kv_pool(pool) and x and pool.get_value_buffer(0)",
+        """
+        match kvcompat.pool_kind(pool):
+            case PoolKind.SPLIT:
+                pool.get_value_buffer(0)
+        """,
+        """
+        single = kvcompat.is_single_kv_pool(pool)
+        if not single:
+            pool.get_value_buffer(0)
+        """,
+        """
+        from kvcompat import pool_kind as kind_of
+        if kind_of(pool) is PoolKind.SPLIT:
+            pool.v_buffer[0]
+        """,
+        """
+        if kvcompat.is_single_kv_pool(pool):
+            if not kvcompat.is_single_kv_pool(other):
+                pool.get_value_buffer(0)
+        """,
+        """
+        if kvcompat.is_split_kv_pool(pool):
+            pool.v_buffer[0]
+        elif kvcompat.is_latent_pool(pool):
+            pool.kv_buffer[0]
+        """,
+    ],
+)
+def test_detector_guards(source: str) -> None:
+    assert codes(source) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # The branch where the detector says the pool IS single-KV breaks for sure.
+        """
+        if kvcompat.is_single_kv_pool(pool):
+            pool.get_value_buffer(0)
+        """,
+        """
+        if not kvcompat.is_single_kv_pool(pool):
+            pass
+        else:
+            pool.get_value_buffer(0)
+        """,
+        """
+        if kvcompat.is_key_only_pool(pool) and debug:
+            pool.get_value_buffer(0)
+        """,
+        "v = kvcompat.is_single_kv_pool(pool) and pool.get_value_buffer(0)",
+        """
+        def f(pool):
+            if not kvcompat.is_single_kv_pool(pool):
+                return None
+            return pool.get_value_buffer(0)
+        """,
+        # isinstance / hasattr checks are not kvcompat guards.
+        """
+        if isinstance(pool, MHATokenToKVPool):
+            pool.get_value_buffer(0)
+        """,
+        """
+        if hasattr(pool, "kv_buffer"):
+            pool.kv_buffer[0]
+        """,
+        """
+        if kvcompat.is_supported_pool(pool) and not kvcompat.is_composite_pool(pool):
+            pool.get_value_buffer(0)
+        """,
+        # An if that does not leave the block guards nothing after it.
+        """
+        if kvcompat.is_single_kv_pool(pool):
+            log("single")
+        pool.get_value_buffer(0)
+        """,
+        # A guard does not reach into a function defined under it.
+        """
+        if not kvcompat.is_single_kv_pool(pool):
+            def later():
+                return pool.get_value_buffer(0)
+        """,
+    ],
+)
+def test_not_guards(source: str) -> None:
+    expected = "KVC005" if "kv_buffer[0]" in source else "KVC001"
+    assert codes(source) == [expected]
+
+
+# -- try / except -------------------------------------------------------------
+
+_CALLS = "pool.get_value_buffer(0)"
+
+
+@pytest.mark.parametrize(
+    ("handler", "guarded"),
+    [
+        ("except NotImplementedError:", True),
+        ("except builtins.NotImplementedError:", True),
+        ("except (KeyError, NotImplementedError) as exc:", True),
+        ("except RuntimeError:", True),  # NotImplementedError's base class
+        ("except Exception:", True),
+        ("except BaseException:", True),
+        ("except:", True),
+        ("except AttributeError:", False),
+        ("except kvcompat.NoValueBufferError:", False),  # kvcompat's, not SGLang's
+        ("except (ValueError, TypeError):", False),
+        ("finally:", False),
+    ],
+)
+def test_try_guards_calls(handler: str, guarded: bool) -> None:
+    source = f"try:\n    {_CALLS}\n{handler}\n    pass\n"
+    assert codes(source) == ([] if guarded else ["KVC001"])
+
+
+@pytest.mark.parametrize(
+    ("access", "handler", "expected"),
+    [
+        ("pool.k_buffer[0]", "except AttributeError:", []),
+        ("pool.v_buffer[0]", "except (AttributeError, IndexError):", []),
+        ("pool.k_buffer[0]", "except NotImplementedError:", ["KVC004"]),
+        # kv_buffer exists on DeepSeek-V4 single-KV pools and silently has another
+        # shape, so no except clause makes it safe.
+        ("pool.kv_buffer[0]", "except AttributeError:", ["KVC005"]),
+        ("pool.kv_buffer[0]", "except Exception:", ["KVC005"]),
+    ],
+)
+def test_try_guards_attributes(access: str, handler: str, expected: list[str]) -> None:
+    assert codes(f"try:\n    {access}\n{handler}\n    pass\n") == expected
+
+
+def test_try_covers_only_its_body() -> None:
+    source = """
+    try:
+        a = pool.get_value_buffer(0)
+    except NotImplementedError:
+        a = pool.get_kv_buffer(0)
+    else:
+        b = pool.get_kv_buffer(1)
+    finally:
+        c = pool.get_kv_buffer(2)
+    """
+    assert [f.line for f in scan_source(textwrap.dedent(source))] == [5, 7, 9]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="except* is Python 3.11+")
+def test_except_star() -> None:
+    source = "try:\n    pool.get_kv_buffer(0)\nexcept* NotImplementedError:\n    pass\n"
+    assert codes(source) == []
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        "contextlib.suppress(NotImplementedError)",
+        "suppress(ValueError, NotImplementedError)",
+    ],
+)
+def test_suppress_context_manager(context: str) -> None:
+    assert codes(f"with {context}:\n    pool.get_kv_buffer(0)\n") == []
+
+
+# -- adapted receivers --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "kvcompat.adapt(pool).get_value_buffer(0)",
+        "kvcompat.compat(pool).set_kv_buffer(layer, loc, k, v)",
+        "adapt(pool).kv_buffer",
+        "import kvcompat as kc\nkc.adapt(pool).get_kv_buffer(0)",
+        "from kvcompat import adapt as wrap\nwrap(pool).get_kv_buffer(0)",
+        "(kv := kvcompat.adapt(pool)).get_kv_buffer(0)",
+        "kv = kvcompat.adapt(pool)\nkv.get_kv_buffer(0)",
+        "kv: object = kvcompat.adapt(pool)\nkv.get_kv_buffer(0)",
+        "def f(pool):\n    pool = kvcompat.adapt(pool)\n    return pool.get_value_buffer(0)",
+        "def f(kv: kvcompat.KVPoolProtocol):\n    return kv.get_value_buffer(0)",
+        "def f(kv: 'kvcompat.KVPoolProtocol'):\n    return kv.get_value_buffer(0)",
+        (
+            "from kvcompat import KVPoolProtocol\ndef f(kv: KVPoolProtocol | None):\n"
+            "    return kv.get_value_buffer(0)"
+        ),
+        # module global, used in a function
+        "KV = kvcompat.adapt(pool)\ndef f():\n    return KV.get_kv_buffer(0)",
+        # closure
+        (
+            "def f(pool):\n    kv = kvcompat.adapt(pool)\n    def g():\n"
+            "        return kv.get_kv_buffer(0)\n    return g"
+        ),
+        # an attribute set from kvcompat.adapt in every assignment of the class
+        (
+            "class B:\n    def __init__(self, pool):\n        self.kv = kvcompat.adapt(pool)\n"
+            "    def f(self):\n        return self.kv.get_value_buffer(0)"
+        ),
+    ],
+)
+def test_adapted_receivers(source: str) -> None:
+    assert codes(source) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "something.adapt(pool).get_value_buffer(0)",  # not kvcompat's adapt
+        "kv.get_value_buffer(0)\nkv = kvcompat.adapt(pool)",  # used before
+        "kv = kvcompat.adapt(pool)\nkv = pool\nkv.get_value_buffer(0)",  # rebound
+        "kv = kvcompat.adapt(pool)\nfor kv in pools:\n    kv.get_value_buffer(0)",
+        "kv = kvcompat.adapt(pool)\n[kv.get_value_buffer(0) for kv in pools]",
+        "kv = kvcompat.adapt(pool) if x else pool\nkv.get_value_buffer(0)",
+        "KV = kvcompat.adapt(pool)\nKV = None\ndef f():\n    return KV.get_value_buffer(0)",
+        (
+            "class B:\n    def __init__(self, pool):\n        self.kv = kvcompat.adapt(pool)\n"
+            "    def reset(self, pool):\n        self.kv = pool\n"
+            "    def f(self):\n        return self.kv.get_value_buffer(0)"
+        ),
+        "lambda pool: pool.get_value_buffer(0)",
+    ],
+)
+def test_not_adapted_receivers(source: str) -> None:
+    assert codes(source) == ["KVC001"]
+
+
+# -- suppression comments ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("comment", "suppressed"),
+    [
+        ("# kvcompat: ignore", True),
+        ("#kvcompat:ignore", True),
+        ("# kvcompat: ignore[KVC005]", True),
+        ("# kvcompat: ignore[KVC001, kvc005]", True),
+        ("# type: ignore  # kvcompat: ignore", True),
+        ("# kvcompat: ignore[KVC004]", False),
+        ("# kvcompat: ignored", False),
+        ("# kvcompat: ignore-files", False),
+        ("# kvcompat ignore", False),
+    ],
+)
+def test_line_suppression(comment: str, suppressed: bool) -> None:
+    source = f"x = pool.kv_buffer[0]  {comment}\n"
+    assert codes(source) == ([] if suppressed else ["KVC005"])
+
+
+def test_line_suppression_applies_to_the_reported_line() -> None:
+    source = "v = (pool  # kvcompat: ignore\n     .get_value_buffer(0))\n"
+    assert codes(source) == ["KVC001"]  # reported on line 2, where the name is
+    source = "v = (pool\n     .get_value_buffer(0))  # kvcompat: ignore\n"
+    assert codes(source) == []
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        ("# kvcompat: ignore-file", []),
+        ("# kvcompat: ignore-file[KVC005]", ["KVC001"]),
+        ("x = '# kvcompat: ignore-file'", ["KVC001", "KVC005"]),
+    ],
+)
+def test_file_suppression(marker: str, expected: list[str]) -> None:
+    source = f'"""Doc."""\n{marker}\npool.get_value_buffer(0)\npool.kv_buffer\n'
+    assert codes(source) == expected
+
+
+# -- positions ----------------------------------------------------------------
+
+
+def test_columns_are_characters_not_bytes() -> None:
+    [finding] = scan_source("x = ('é', '日本'); pool.get_kv_buffer(0)\n")
+    assert (finding.line, finding.col) == (1, 23)
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_line_numbers_with_any_line_ending(newline: str) -> None:
+    source = newline.join(["import x", "", "pool.k_buffer", ""])
+    [finding] = scan_source(source)
+    assert (finding.line, finding.col) == (3, 6)
+
+
+def test_findings_are_in_source_order() -> None:
+    source = (
+        "a = (pool.kv_buffer, pool.get_kv_buffer(pool.get_value_buffer(0)))\nb = pool.v_buffer\n"
+    )
+    assert [(f.line, f.col, f.code) for f in scan_source(source)] == [
+        (1, 11, "KVC005"),
+        (1, 27, "KVC002"),
+        (1, 46, "KVC001"),
+        (2, 10, "KVC004"),
+    ]
+
+
+def test_syntax_error_is_a_finding_not_an_exception() -> None:
+    [finding] = scan_source("def f(:\n", "bad.py")
+    assert (finding.path, finding.line, finding.code, finding.fixable) == (
+        "bad.py",
+        1,
+        "KVC900",
+        False,
+    )
+    assert finding.message.startswith("syntax error: ")
+    assert finding.is_error
+
+
+def test_invalid_escapes_in_scanned_code_do_not_warn() -> None:
+    # pytest turns warnings into errors here; the scanner must stay quiet.
+    assert codes("import re\nre.compile('\\d')\npool.get_kv_buffer(0)\n") == ["KVC002"]
+
+
+def test_deeply_nested_expressions_do_not_exhaust_the_stack() -> None:
+    # 2000 nested BinOps parse fine; a recursive visitor would need ~4000 frames.
+    source = "x = " + " + ".join(["pool.k_buffer[0]"] * 2000) + "\n"
+    assert codes(source) == ["KVC004"] * 2000
+
+
+def test_too_deep_for_the_parser_is_reported() -> None:
+    source = "x = " + " + ".join(["pool.k_buffer[0]"] * 5000) + "\n"
+    [finding] = scan_source(source)
+    assert finding.code == "KVC900"
+    assert "too deeply nested" in finding.message
