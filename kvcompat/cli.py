@@ -1,4 +1,4 @@
-"""The ``kvcompat`` command line: ``demo`` and ``scan`` (more arrive with later features).
+"""The ``kvcompat`` command line: ``demo``, ``inspect``, ``doctor`` and ``scan``.
 
 Heavy modules are imported only by the subcommand that needs them.
 """
@@ -16,6 +16,18 @@ def _demo(args: argparse.Namespace) -> int:
     from kvcompat._demo import run_demo
 
     return run_demo(sys.stdout, device=args.device)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from kvcompat.inspection._cli import run_inspect
+
+    return run_inspect(sys.stdout, source=args.source, json=args.json)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from kvcompat.inspection._cli import run_doctor
+
+    return run_doctor(sys.stdout, json=args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,6 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument("--device", default="cpu", help="torch device for the pools (default: cpu)")
     demo.set_defaults(run=_demo)
+    inspect = commands.add_parser(
+        "inspect", help="manifest, memory report and transfer descriptors of the demo pools"
+    )
+    inspect.add_argument("--source", default="demo", help="what to inspect (default: demo)")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.set_defaults(run=_inspect)
+    doctor = commands.add_parser(
+        "doctor", help="environment: torch, triton, GPU, engines and the pool classes they define"
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(run=_doctor)
     commands.add_parser(
         "scan", help="find calls that break on single-KV pools (kvcompat scan --help)"
     )

@@ -1,0 +1,417 @@
+"""Building manifest nodes from a native object: the pieces every describer shares.
+
+Attribute reads only, through :mod:`kvcompat.inspection._static`. A leaf pool
+is described from its family's buffer lists (:data:`_LEAF_SPECS`); whatever
+else it holds that is a tensor becomes an ``opaque`` entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+import torch
+
+from kvcompat._protocol import KVPoolProtocol
+from kvcompat._registry import Family, family_of, qualified_name
+from kvcompat.adapters import (
+    IndexKeyAdapter,
+    KeyOnlyAdapter,
+    LatentAdapter,
+    LeafAdapter,
+    SingleKVAdapter,
+    SplitAdapter,
+)
+from kvcompat.adapters.sglang import adapt_dsv4_token_pool
+from kvcompat.inspection._model import (
+    PoolManifest,
+    Role,
+    RowUnit,
+    Scalar,
+    TensorManifest,
+    TransferGroup,
+    TransferRegion,
+)
+from kvcompat.inspection._static import (
+    enum_value,
+    join_path,
+    mro_names,
+    static_attr,
+    static_path,
+    tensors_in,
+    vars_of,
+)
+
+__all__ = [
+    "Walk",
+    "details_of",
+    "entry",
+    "int_or_none",
+    "leaf_node",
+    "opaque_node",
+    "row_bytes",
+]
+
+# -- layout names ----------------------------------------------------------------------------
+
+
+def _layout_name(native: Any) -> str | None:  # noqa: PLR0911 -- one answer per layout family
+    """The byte-layout name of a native part (to be replaced by the layouts module).
+
+    Example:
+        >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool, ReferenceMLATokenToKVPool
+        >>> _layout_name(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
+        'v4'
+        >>> _layout_name(ReferenceMLATokenToKVPool(size=16, page_size=16))
+        'mla-latent'
+    """
+    names = mro_names(type(native))
+    family = family_of(native)
+    leaf = None if family is None else family.leaf
+    if family is not None and family.build is adapt_dsv4_token_pool:
+        if static_attr(native, "uniform_fp8", False):
+            return "uniform_fp8"
+        ratios = sorted({int(r) for r in static_attr(native, "compression_ratios", []) or []} - {0})
+        pools = static_attr(native, "kv_pools", None) or {}
+        main = str(enum_value(static_attr(native, "kv_layout", None)) or "v4")
+        extra = [
+            f"c{r}:{_layout_name(pools[r]) if pools.get(r) is not None else main}" for r in ratios
+        ]
+        return ",".join([main, *extra])
+    if "DeepSeekV4UniformFP8KVPool" in names:
+        return "uniform_fp8"  # its kv_layout attribute still reads V4
+    if leaf is not None and issubclass(leaf, SingleKVAdapter):
+        return str(enum_value(static_attr(native, "kv_layout", None)) or "v4")
+    if leaf is not None and issubclass(leaf, IndexKeyAdapter):
+        if static_attr(native, "index_k_with_scale_buffer", None) is None:
+            return "dsv4-indexer-fp4-split"  # HIP: payload and scales in two buffers
+        fp4 = static_attr(native, "use_fp4_indexer", False)
+        return "dsv4-indexer-fp4" if fp4 else "dsv4-indexer-fp8"
+    if leaf is not None and issubclass(leaf, LatentAdapter):
+        packed = static_attr(native, "dsa_kv_cache_store_fp8", False)
+        return "dsa-fp8-656" if packed else "mla-latent"
+    if leaf is not None and issubclass(leaf, (SplitAdapter, KeyOnlyAdapter)):
+        return f"mha-{static_attr(native, 'kv_cache_layout', None) or 'nhd'}"
+    if "DeepSeekV4UnifiedKVPool" in names:
+        return "dsv4-unified-fp8" if static_attr(native, "fp8", False) else "dsv4-unified-bf16"
+    if "CompressStatePool" in names:
+        return "kv-score-online" if static_attr(native, "online", False) else "kv-score"
+    return None
+
+
+# -- building blocks ---------------------------------------------------------------------------
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def row_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of one index of the leading axis (SGLang's ``buf[0].nbytes``; 0 when empty)."""
+    if tensor.ndim == 0 or tensor.shape[0] == 0:
+        return 0
+    return math.prod(tensor.shape[1:]) * tensor.element_size()
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, int]:
+    try:
+        storage = tensor.untyped_storage()
+        return int(storage.data_ptr()), int(storage.nbytes())
+    except (RuntimeError, NotImplementedError):  # meta or otherwise storage-less tensors
+        return 0, 0
+
+
+def entry(
+    tensor: torch.Tensor,
+    *,
+    path: str,
+    role: Role,
+    component: str,
+    layer_ids: tuple[int, ...] = (),
+    row_unit: RowUnit | None = None,
+    alias_of: str | None = None,
+    regions: tuple[TransferRegion, ...] = (),
+) -> TensorManifest:
+    storage_ptr, storage_nbytes = _storage(tensor)
+    data_ptr = int(tensor.data_ptr())
+    return TensorManifest(
+        path=path,
+        role=role,
+        component=component,
+        layer_ids=layer_ids,
+        shape=tuple(int(n) for n in tensor.shape),
+        stride=tuple(int(n) for n in tensor.stride()),
+        dtype=_dtype_name(tensor.dtype),
+        nbytes=int(tensor.nbytes),
+        device=str(tensor.device),
+        data_ptr=data_ptr,
+        storage_ptr=storage_ptr,
+        storage_nbytes=storage_nbytes,
+        storage_offset=int(tensor.storage_offset()) * tensor.element_size(),
+        row_unit=row_unit,
+        alias_of=alias_of,
+        regions=regions,
+    )
+
+
+_DETAIL_NAMES = (
+    "dtype",
+    "store_dtype",
+    "start_layer",
+    "head_num",
+    "head_dim",
+    "v_head_dim",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "kv_cache_dim",
+    "kv_cache_total_dim",
+    "bytes_per_page_padded",
+    "global_page_size",
+    "index_head_dim",
+    "use_fp4_indexer",
+    "ratio",
+    "ring_size",
+    "request_scoped",
+    "online",
+    "last_dim",
+    "swa_pages",
+    "swa_page_size",
+    "capacity",
+    "num_slots",
+    "fp8",
+)
+
+
+def details_of(native: Any, **extra: Scalar) -> Mapping[str, Scalar]:
+    found: dict[str, Scalar] = {}
+    for name in _DETAIL_NAMES:
+        value = enum_value(static_attr(native, name, None))
+        if isinstance(value, torch.dtype):
+            found[name] = _dtype_name(value)
+        elif isinstance(value, (bool, int, float, str)):
+            found[name] = value
+    found.update(extra)
+    return MappingProxyType(found)
+
+
+def int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class Walk:
+    """State shared while describing one pool: which tensors are already reported."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def claim(self, tensor: torch.Tensor) -> bool:
+        """True the first time a tensor object is met."""
+        if id(tensor) in self.seen:
+            return False
+        self.seen.add(id(tensor))
+        return True
+
+    def opaque(
+        self, native: Any, path: str, component: str, *, skip: frozenset[str] = frozenset()
+    ) -> list[TensorManifest]:
+        """Unknown tensors in ``vars(native)`` (not under ``skip``, not yet reported)."""
+        found: list[TensorManifest] = []
+        for name, value in vars_of(native).items():
+            if name in skip:
+                continue
+            for sub, tensor in tensors_in(value, join_path(path, name)):
+                if self.claim(tensor):
+                    found.append(entry(tensor, path=sub, role=Role.OPAQUE, component=component))
+        return found
+
+
+# -- leaf pools --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A per-layer buffer list (or one tensor) a leaf family keeps, and what it holds."""
+
+    attr: str
+    role: Role
+    group: TransferGroup | None = TransferGroup.KV
+    rows: Literal["token", "page", "auto"] = "auto"
+    value_prefix: str | None = None  # attribute naming the width of a value prefix view
+
+
+_LEAF_SPECS: tuple[tuple[type[LeafAdapter], Role, tuple[_Part, ...]], ...] = (
+    (
+        IndexKeyAdapter,
+        Role.INDEX_KEYS,
+        (
+            _Part("index_k_with_scale_buffer", Role.INDEX_KEYS, rows="page"),
+            _Part("index_k_payload_buffer", Role.INDEX_KEYS, rows="page"),
+            _Part("index_k_scale_buffer", Role.INDEX_SCALES, rows="page"),
+        ),
+    ),
+    (KeyOnlyAdapter, Role.KEY, (_Part("k_buffer", Role.KEY),)),
+    (
+        SplitAdapter,
+        Role.KEY_VALUE,
+        (
+            _Part("k_buffer", Role.KEY),
+            _Part("v_buffer", Role.VALUE),
+            _Part("k_scale_buffer", Role.KEY_SCALES, group=TransferGroup.KV_SCALE),
+            _Part("v_scale_buffer", Role.VALUE_SCALES, group=TransferGroup.KV_SCALE),
+        ),
+    ),
+    (
+        LatentAdapter,
+        Role.LATENT,
+        (
+            _Part("kv_buffer", Role.LATENT, rows="token", value_prefix="kv_lora_rank"),
+            _Part("kv_scale_buffer", Role.KEY_SCALES, group=TransferGroup.KV_SCALE),
+            _Part(
+                "index_key_cache.buffer", Role.INDEX_KEYS, group=TransferGroup.STATE, rows="page"
+            ),
+        ),
+    ),
+    (SingleKVAdapter, Role.PACKED_KV, (_Part("kv_buffer", Role.PACKED_KV, rows="page"),)),
+)
+
+
+def _leaf_spec(family: Family | None) -> tuple[Role, tuple[_Part, ...]] | None:
+    if family is None or family.leaf is None:
+        return None
+    for leaf, role, parts in _LEAF_SPECS:
+        if issubclass(family.leaf, leaf):
+            return role, parts
+    return None
+
+
+def _standalone_slots(native: Any, buffers: Any) -> dict[int, int]:
+    """Absolute layer id -> buffer index of a pool described on its own (``start_layer + i``)."""
+    start = int_or_none(static_attr(native, "start_layer", 0)) or 0
+    count = len(buffers) if isinstance(buffers, (list, tuple)) else 0
+    return {start + index: index for index in range(count)}
+
+
+def leaf_node(
+    walk: Walk,
+    native: Any,
+    *,
+    name: str,
+    path: str,
+    slots: Mapping[int, int] | None = None,
+    regroup: Mapping[TransferGroup, TransferGroup | None] | None = None,
+    pages_per_item: int = 1,
+    order: int = 0,
+    role: Role | None = None,
+    extra: Mapping[str, Scalar] | None = None,
+) -> PoolManifest:
+    """A leaf pool: its per-layer buffers (by family), then unknown tensors as opaque parts."""
+    family = family_of(native)
+    spec = _leaf_spec(family)
+    if spec is None:
+        return opaque_node(walk, native, name=name, path=path, role=role)
+    node_role, parts = spec
+    size = int_or_none(static_attr(native, "size", None))
+    page = int_or_none(static_attr(native, "page_size", None))
+    if slots is None:
+        slots = _standalone_slots(native, static_path(native, parts[0].attr, None))
+    layers_of: dict[int, list[int]] = {}
+    for layer, slot in slots.items():
+        layers_of.setdefault(slot, []).append(layer)
+    regroup = regroup or {}
+    tensors: list[TensorManifest] = []
+    for part in parts:
+        value = static_path(native, part.attr, None)
+        items = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
+        for index, tensor in items:
+            if not isinstance(tensor, torch.Tensor) or not walk.claim(tensor):
+                continue
+            where = join_path(path, part.attr) + ("" if index is None else f"[{index}]")
+            layer_ids = () if index is None else tuple(sorted(layers_of.get(index, ())))
+            unit = _row_unit(tensor, part.rows, size, page)
+            group = regroup.get(part.group, part.group) if part.group is not None else None
+            regions: tuple[TransferRegion, ...] = ()
+            if group is not None:
+                rows_per_item = (page if unit == "token" and page else 1) * pages_per_item
+                item = row_bytes(tensor) * rows_per_item
+                regions = (TransferRegion(group, 0, int(tensor.nbytes), item, order),)
+            tensors.append(
+                entry(
+                    tensor,
+                    path=where,
+                    role=part.role,
+                    component=name,
+                    layer_ids=layer_ids,
+                    row_unit=unit,
+                    regions=regions,
+                )
+            )
+            prefix = part.value_prefix
+            width = None if prefix is None else int_or_none(static_attr(native, prefix, None))
+            if width is not None:
+                tensors.append(
+                    entry(
+                        tensor[..., :width],
+                        path=f"{where}[..., :{width}]",
+                        role=Role.VALUE,
+                        component=name,
+                        layer_ids=layer_ids,
+                        row_unit=unit,
+                        alias_of=where,
+                    )
+                )
+    claimed = frozenset(part.attr.split(".", 1)[0] for part in parts)
+    tensors.extend(walk.opaque(native, path, name, skip=claimed))
+    return PoolManifest(
+        name=name,
+        path=path,
+        role=role or node_role,
+        kind=None if family is None else family.kind,
+        native_class=qualified_name(type(native)),
+        layer_ids=tuple(sorted(slots)),
+        page_size=page,
+        token_capacity=size,
+        layout=_layout_name(native),
+        tensors=tuple(tensors),
+        details=details_of(native, **(extra or {})),
+    )
+
+
+def _row_unit(
+    tensor: torch.Tensor, rows: Literal["token", "page", "auto"], size: int | None, page: int | None
+) -> RowUnit:
+    if rows != "auto":
+        return rows
+    if size is not None and page is not None and tensor.ndim and tensor.shape[0] == size + page:
+        return "token"
+    return "page"
+
+
+def opaque_node(
+    walk: Walk,
+    native: Any,
+    *,
+    name: str,
+    path: str,
+    role: Role | None = None,
+    adapter: KVPoolProtocol | None = None,
+) -> PoolManifest:
+    """A part kvcompat has no storage spec for: every tensor it holds, as opaque."""
+    family = family_of(native)
+    layer_ids = tuple(adapter.layer_ids) if adapter is not None else ()
+    return PoolManifest(
+        name=name,
+        path=path,
+        role=role or Role.OPAQUE,
+        kind=None if family is None else family.kind,
+        native_class=qualified_name(type(native)),
+        layer_ids=layer_ids,
+        page_size=int_or_none(static_attr(native, "page_size", None)),
+        token_capacity=int_or_none(static_attr(native, "size", None)),
+        layout=_layout_name(native),
+        tensors=tuple(walk.opaque(native, path, name)),
+        details=details_of(native),
+    )

@@ -1,0 +1,337 @@
+"""Describing SGLang's ``DeepSeekV4TokenToKVPool`` and everything it owns.
+
+Sub-pools by compress ratio, indexer pools, compress-state pools, the
+``unified_kv`` rows and the DeepSeek-V4.1 request window — all read natively.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from kvcompat._protocol import PoolKind
+from kvcompat._registry import qualified_name
+from kvcompat.inspection._build import (
+    Walk,
+    _layout_name,
+    details_of,
+    entry,
+    int_or_none,
+    leaf_node,
+    row_bytes,
+)
+from kvcompat.inspection._model import (
+    PoolManifest,
+    Role,
+    TensorManifest,
+    TransferGroup,
+    TransferRegion,
+)
+from kvcompat.inspection._static import join_path, static_attr
+
+__all__ = ["dsv4_node"]
+
+# The SWA pages (paged or in a request window) are PD "state", not "kv".
+_AS_STATE = {TransferGroup.KV: TransferGroup.STATE}
+_WINDOW_PARTS = frozenset({"state", "workspace"})
+
+
+def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
+    """``DeepSeekV4TokenToKVPool``: every sub-pool, state pool and window it owns.
+
+    Read natively (not through the adapter), so that ``unified_kv`` and
+    request-window pools — which kvcompat cannot adapt yet — are described too.
+    Transfer regions follow SGLang's registration order: ``kv`` is C4 KV, C4
+    indexer, C128 KV (then ratios 1 and 2); ``state`` is the SWA pages then the
+    page-scoped compress states by layer; ``request_state`` is the
+    request-scoped compress states by layer.
+    """
+    ratios = [int(r) for r in static_attr(native, "compression_ratios", None) or ()]
+    start = int_or_none(static_attr(native, "_stage_start", None)) or 0
+    end = int_or_none(static_attr(native, "_stage_end", None))
+    stage = range(start, len(ratios) if end is None else end)
+    page = int_or_none(static_attr(native, "page_size", None)) or 0
+    swa_page = int_or_none(static_attr(native, "swa_page_size", None)) or page
+    mapping = static_attr(native, "layer_mapping", None) or ()
+    by_ratio: dict[int, dict[int, int]] = {}
+    for layer in stage:
+        item = mapping[layer] if layer < len(mapping) else None
+        if item is not None and int(item[0]):
+            by_ratio.setdefault(int(item[0]), {})[layer] = int(item[1])
+
+    children: list[PoolManifest] = []
+    swa = static_attr(native, "swa_kv_pool", None)
+    if swa is not None:
+        swa_pool_page = int_or_none(static_attr(swa, "page_size", None)) or swa_page
+        children.append(
+            leaf_node(
+                walk,
+                swa,
+                name="swa",
+                path=join_path(path, "swa_kv_pool"),
+                slots={layer: layer - start for layer in stage},
+                regroup=_AS_STATE,
+                pages_per_item=max(1, swa_page // swa_pool_page),
+            )
+        )
+    kv_pools = static_attr(native, "kv_pools", None) or {}
+    index_pools = dict(static_attr(native, "index_pools", None) or {})
+    position: dict[int, int] = {}
+    for ratio, pool in [*kv_pools.items(), *((r, None) for r in index_pools if r not in kv_pools)]:
+        position[ratio] = pos = len(position)
+        slots = by_ratio.get(int(ratio), {})
+        if pool is not None:
+            children.append(
+                leaf_node(
+                    walk,
+                    pool,
+                    name=f"c{ratio}",
+                    path=join_path(path, f"kv_pools[{ratio}]"),
+                    slots=slots,
+                    order=3 * pos,
+                    extra={"compress_ratio": int(ratio)},
+                )
+            )
+        indexer = index_pools.get(ratio)
+        if indexer is not None:
+            index_page = int_or_none(static_attr(indexer, "page_size", None)) or 1
+            per_item = max(1, (page // int(ratio)) // index_page) if ratio in (1, 2) else 1
+            children.append(
+                leaf_node(
+                    walk,
+                    indexer,
+                    name=f"c{ratio}_indexer",
+                    path=join_path(path, f"index_pools[{ratio}]"),
+                    slots=slots,
+                    pages_per_item=per_item,
+                    order=3 * pos + 2,
+                    extra={"compress_ratio": int(ratio)},
+                )
+            )
+    children.extend(_state_nodes(walk, native, path, "compress_state_pools", "state", order_base=1))
+    children.extend(
+        _state_nodes(
+            walk,
+            native,
+            path,
+            "indexer_compress_state_pools",
+            "indexer_state",
+            order_base=1 + len(ratios),
+        )
+    )
+    unified = static_attr(native, "unified_kv_pool", None)
+    if unified is not None:
+        children.append(
+            _unified_node(walk, unified, path=path, stage=stage, ratios=ratios, position=position)
+        )
+    window = static_attr(native, "request_window", None)
+    if window is not None:
+        children.append(_window_node(walk, window, path=path, stage=stage, swa_page=swa_page))
+
+    tensors: list[TensorManifest] = []
+    valid_from = static_attr(native, "swa_valid_from", None)
+    if isinstance(valid_from, torch.Tensor) and walk.claim(valid_from):
+        region = TransferRegion(
+            TransferGroup.REQUEST_ROW, 0, int(valid_from.nbytes), row_bytes(valid_from)
+        )
+        tensors.append(
+            entry(
+                valid_from,
+                path=join_path(path, "swa_valid_from"),
+                role=Role.OPAQUE,
+                component=name,
+                row_unit="slot",
+                regions=(region,),
+            )
+        )
+    tensors.extend(walk.opaque(native, path, name))
+    return PoolManifest(
+        name=name,
+        path=path,
+        role=Role.COMPOSITE,
+        kind=PoolKind.COMPOSITE,
+        native_class=qualified_name(type(native)),
+        layer_ids=tuple(stage),
+        page_size=page or None,
+        token_capacity=int_or_none(static_attr(native, "size", None)),
+        layout=_layout_name(native),
+        tensors=tuple(tensors),
+        children=tuple(children),
+        details=details_of(native),
+    )
+
+
+def _state_nodes(
+    walk: Walk, native: Any, path: str, attr: str, suffix: str, *, order_base: int
+) -> list[PoolManifest]:
+    """One node per compress ratio for a per-layer list of ``CompressStatePool`` objects."""
+    pools = static_attr(native, attr, None) or ()
+    grouped: dict[int, list[tuple[int, Any]]] = {}
+    for layer, pool in enumerate(pools):
+        if pool is not None:
+            ratio = int_or_none(static_attr(pool, "ratio", None)) or 0
+            grouped.setdefault(ratio, []).append((layer, pool))
+    nodes: list[PoolManifest] = []
+    for ratio, members in grouped.items():
+        name = f"c{ratio}_{suffix}"
+        tensors: list[TensorManifest] = []
+        for layer, pool in members:
+            where = join_path(path, f"{attr}[{layer}]")
+            holder = static_attr(pool, "kv_score_buffer", None)
+            tensor = static_attr(holder, "kv_score", None)
+            if isinstance(tensor, torch.Tensor) and walk.claim(tensor):
+                row = row_bytes(tensor)
+                ring = int_or_none(static_attr(pool, "ring_size", None)) or 1
+                if static_attr(pool, "request_scoped", False):
+                    group = TransferGroup.REQUEST_STATE
+                    if ratio == 2:
+                        item = row * ring
+                    else:
+                        item = row if static_attr(pool, "online", False) else row * ratio
+                else:
+                    group, item = TransferGroup.STATE, row * ring
+                region = TransferRegion(group, 0, int(tensor.nbytes), item, order_base + layer)
+                tensors.append(
+                    entry(
+                        tensor,
+                        path=f"{where}.kv_score_buffer.kv_score",
+                        role=Role.COMPRESS_STATE,
+                        component=name,
+                        layer_ids=(layer,),
+                        row_unit="state",
+                        regions=(region,),
+                    )
+                )
+            tensors.extend(walk.opaque(pool, where, name, skip=frozenset({"kv_score_buffer"})))
+        first = members[0][1]
+        nodes.append(
+            PoolManifest(
+                name=name,
+                path=join_path(path, attr),
+                role=Role.COMPRESS_STATE,
+                kind=None,
+                native_class=qualified_name(type(first)),
+                layer_ids=tuple(layer for layer, _ in members),
+                page_size=int_or_none(static_attr(first, "page_size", None)),
+                token_capacity=None,
+                layout=_layout_name(first),
+                tensors=tuple(tensors),
+                details=details_of(first),
+            )
+        )
+    return nodes
+
+
+def _unified_node(
+    walk: Walk,
+    unified: Any,
+    *,
+    path: str,
+    stage: range,
+    ratios: list[int],
+    position: Mapping[int, int],
+) -> PoolManifest:
+    """``DeepSeekV4UnifiedKVPool``: per layer, the SWA ring rows then the compressed rows."""
+    where = join_path(path, "unified_kv_pool")
+    swa_pages = int_or_none(static_attr(unified, "swa_pages", None)) or 0
+    page = int_or_none(static_attr(unified, "page_size", None)) or 0
+    tensors: list[TensorManifest] = []
+    for attr, role, sub in (
+        ("kv_buffer", Role.UNIFIED, 0),
+        ("kv_buffer_rope", Role.UNIFIED_ROPE, 1),
+    ):
+        for index, tensor in enumerate(static_attr(unified, attr, None) or ()):
+            if not isinstance(tensor, torch.Tensor) or not walk.claim(tensor):
+                continue
+            layer = stage.start + index
+            ratio = ratios[layer] if layer < len(ratios) else 0
+            row = row_bytes(tensor)
+            regions = [TransferRegion(TransferGroup.SWA_RING, 0, swa_pages * row, row)]
+            if ratio and ratio in position and page:
+                compressed = max(0, tensor.shape[0] - swa_pages) * row
+                regions.append(
+                    TransferRegion(
+                        TransferGroup.KV,
+                        swa_pages * row,
+                        compressed,
+                        (page // ratio) * row,
+                        3 * position[ratio] + sub,
+                    )
+                )
+            tensors.append(
+                entry(
+                    tensor,
+                    path=f"{where}.{attr}[{index}]",
+                    role=role,
+                    component="unified",
+                    layer_ids=(layer,),
+                    row_unit="token",
+                    regions=tuple(regions),
+                )
+            )
+    skip = frozenset({"kv_buffer", "kv_buffer_rope"})
+    tensors.extend(walk.opaque(unified, where, "unified", skip=skip))
+    return PoolManifest(
+        name="unified",
+        path=where,
+        role=Role.UNIFIED,
+        kind=None,
+        native_class=qualified_name(type(unified)),
+        layer_ids=tuple(stage),
+        page_size=page or None,
+        token_capacity=None,
+        layout=_layout_name(unified),
+        tensors=tuple(tensors),
+        details=details_of(unified),
+    )
+
+
+def _window_node(
+    walk: Walk, window: Any, *, path: str, stage: range, swa_page: int
+) -> PoolManifest:
+    """``RequestWindow``: the per-request SWA history pool and the workspace it copies into."""
+    where = join_path(path, "request_window")
+    children: list[PoolManifest] = []
+    state = static_attr(window, "state", None)
+    if state is not None:
+        state_page = int_or_none(static_attr(state, "page_size", None)) or swa_page
+        children.append(
+            leaf_node(
+                walk,
+                state,
+                name="window",
+                path=join_path(where, "state"),
+                slots={layer: layer - stage.start for layer in stage},
+                regroup=_AS_STATE,
+                pages_per_item=max(1, swa_page // state_page) if swa_page else 1,
+            )
+        )
+    workspace = static_attr(window, "workspace", None)
+    if workspace is not None:
+        children.append(
+            leaf_node(
+                walk,
+                workspace,
+                name="window_workspace",
+                path=join_path(where, "workspace"),
+                slots={},
+                regroup={TransferGroup.KV: None},
+                role=Role.WORKSPACE,
+            )
+        )
+    return PoolManifest(
+        name="request_window",
+        path=where,
+        role=Role.REQUEST_WINDOW,
+        kind=None,
+        native_class=qualified_name(type(window)),
+        layer_ids=tuple(stage),
+        page_size=int_or_none(static_attr(window, "page_size", None)),
+        token_capacity=int_or_none(static_attr(window, "rows", None)),
+        layout=None,
+        tensors=tuple(walk.opaque(window, where, "request_window", skip=_WINDOW_PARTS)),
+        children=tuple(children),
+        details=details_of(window),
+    )

@@ -1,0 +1,1 @@
+"""Tests of kvcompat.inspection: manifests, memory reports, transfer descriptors, CLI pieces."""

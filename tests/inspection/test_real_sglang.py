@@ -1,0 +1,367 @@
+"""Inspection of SGLang 0.5.23's own pool classes (skipped where sglang is not installed).
+
+For every class that constructs on CPU (and the DeepSeek-V4 composite in each of its
+storage modes): no native getter, property or wait runs; every allocation is counted
+once; every path resolves; layer ids agree with the adapters; and the transfer
+descriptors equal SGLang's own ``get_*_buf_infos()`` where SGLang has them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from _sglang import builders as b
+from _sglang.env import current_session, prepare_sglang, release_sglang, sglang_installed
+
+import kvcompat
+from kvcompat.adapters import LeafAdapter
+from kvcompat.inspection import Role, as_buf_infos, describe, memory_report, transfer_descriptors
+
+from ._guards import instrument, resolve_path, storage_total
+
+if not sglang_installed():
+    pytest.skip(
+        "sglang is not installed; see tests/real/README.md for the test environment",
+        allow_module_level=True,
+    )
+
+# Warnings SGLang's pool modules emit on import on a CPU-only machine (as in tests/real).
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.filterwarnings(
+        r"ignore:Only CUDA, HIP and XPU support AWQ currently\.:UserWarning:"
+        r"sglang\.srt\.layers\.quantization\.awq\.awq"
+    ),
+    pytest.mark.filterwarnings(
+        r"ignore:Only CUDA, MUSA and NPU support GGUF quantization currently\.:UserWarning:"
+        r"sglang\.srt\.layers\.quantization\.gguf"
+    ),
+    pytest.mark.filterwarnings(
+        r"ignore:`torch\.jit\.script_method` is deprecated:DeprecationWarning:torch\.jit\._script"
+    ),
+    pytest.mark.filterwarnings(
+        r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning"
+    ),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sglang_session() -> Iterator[None]:
+    """SGLang's pool modules and dummy runtime config (released only if we set them up)."""
+    owned = current_session() is None
+    prepare_sglang()
+    yield
+    if owned:
+        release_sglang()
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def _hybrid_with_mamba() -> Any:
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+
+    mp = prepare_sglang().memory_pool
+    shape = Mamba2StateShape.create(
+        tp_world_size=1,
+        intermediate_size=16,
+        n_groups=1,
+        num_heads=2,
+        head_dim=8,
+        state_size=4,
+        conv_kernel=4,
+    )
+    mamba = mp.MambaPool(
+        size=4,
+        spec_state_size=4,
+        cache_params=Mamba2CacheParams(shape=shape, layers=[0, 2]),
+        mamba_layer_ids=[0, 2],
+        device="cpu",
+    )
+    return mp.HybridLinearKVPool(
+        size=64,
+        dtype=torch.bfloat16,
+        page_size=16,
+        head_num=2,
+        head_dim=8,
+        full_attention_layer_ids=[1, 3],
+        device="cpu",
+        mamba_pool=mamba,
+        enable_memory_saver=False,
+        start_layer=0,
+    )
+
+
+def _dsv4_low_ratios() -> Any:
+    """V4.1 with ratio-1/2 kv-source layers: shared compressed buffers, fp4 indexers."""
+    d4 = prepare_sglang().deepseek_v4_memory_pool
+    return d4.DeepSeekV4TokenToKVPool(
+        max_num_reqs=4,
+        swa_size=256,
+        c4_size=64,
+        c128_size=4,
+        c4_state_pool_size=4,
+        c128_state_pool_size=4,
+        page_size=256,
+        swa_page_size=256,
+        dtype=torch.float8_e4m3fn,
+        c4_state_dtype=torch.float32,
+        c128_state_dtype=torch.float32,
+        qk_nope_head_dim=448,
+        qk_rope_head_dim=64,
+        indexer_head_dim=128,
+        layer_num=6,
+        device="cpu",
+        enable_memory_saver=False,
+        compression_ratios=[0, 1, 1, 2, 4, 128],
+        kv_source_layers=[1, 3],
+        full_size=256,
+        kv_layout="v41",
+    )
+
+
+def _dsv4_request_window() -> Any:
+    """DSv4.1 encoder replay: the SWA lives in a per-request window, not a paged pool."""
+    from sglang.srt.runtime_context import get_exec
+
+    with get_exec().features.override(enable_encoder_swa_bounded_replay=True):
+        return b.build_dsv4_token_pool()
+
+
+def _dsv4_unified() -> Any:
+    """ATOM ``unified_kv`` (HIP-only in SGLang): the gate is forced on to build it on CPU."""
+    import sglang.srt.layers.attention.dsv4.unified_kv_gate as gate
+
+    original = gate.is_unified_kv_triton
+    gate.is_unified_kv_triton = lambda: True  # type: ignore[assignment]
+    try:
+        return b.build_dsv4_token_pool()
+    finally:
+        gate.is_unified_kv_triton = original
+
+
+_KV = ("kv", "get_contiguous_buf_infos")
+_STATE = ("state", "get_state_buf_infos")
+_REQUEST = ("request_state", "get_request_state_buf_infos")
+_RING = ("swa_ring", "get_unified_swa_ring_buf_infos")
+
+# case id -> (builder, SGLang's buf-info methods the descriptors must equal)
+CASES: dict[str, tuple[Callable[[], Any], tuple[tuple[str, str], ...]]] = {
+    "MHATokenToKVPool": (b.build_mha_pool, (_KV,)),
+    "MHATokenToKVPool-stage": (lambda: b.build_mha_pool(start_layer=3, size=40), (_KV,)),
+    "MHATokenToKOnlyPool": (b.build_k_only_pool, ()),
+    "MLATokenToKVPool": (b.build_mla_pool, (_KV,)),
+    "MLATokenToKVPool-fp8": (lambda: b.build_mla_pool(dtype=torch.float8_e4m3fn), (_KV,)),
+    "DSATokenToKVPool": (b.build_dsa_pool, (_KV, _STATE)),
+    "HybridLinearKVPool": (b.build_hybrid_linear_pool, (_KV,)),
+    "HybridLinearKVPool-mamba": (_hybrid_with_mamba, (_KV, _STATE)),
+    "SWAKVPool": (b.build_swa_pool, (_KV, _STATE)),
+    "DeepSeekV4SingleKVPool": (b.build_dsv4_single_pool, ()),
+    "DeepSeekV4SingleKVPool-v41": (lambda: b.build_dsv4_single_pool(kv_layout="v41"), ()),
+    "DeepSeekV4SingleKVPool-v41_fp4": (lambda: b.build_dsv4_single_pool(kv_layout="v41_fp4"), ()),
+    "DeepSeekV4UniformFP8KVPool": (b.build_dsv4_uniform_fp8_pool, ()),
+    "HiSparseC4DevicePool": (b.build_hisparse_c4_pool, ()),
+    "DeepSeekV4IndexerPool": (b.build_dsv4_indexer_pool, ()),
+    "DeepSeekV4IndexerPool-fp4": (lambda: b.build_dsv4_indexer_pool(use_fp4_indexer=True), ()),
+    "DeepSeekV4TokenToKVPool": (b.build_dsv4_token_pool, (_KV, _STATE, _REQUEST)),
+    "DeepSeekV4TokenToKVPool-stage": (
+        lambda: b.build_dsv4_token_pool(compression_ratios=(0, 4, 128, 4, 0), start_layer=2),
+        (_KV, _STATE, _REQUEST),
+    ),
+    "DeepSeekV4TokenToKVPool-v41-low-ratios": (_dsv4_low_ratios, (_KV, _STATE, _REQUEST)),
+    "DeepSeekV4TokenToKVPool-request-window": (_dsv4_request_window, (_KV, _STATE, _REQUEST)),
+    "DeepSeekV4TokenToKVPool-unified": (_dsv4_unified, (_KV, _STATE, _REQUEST, _RING)),
+}
+
+COMPARISONS = [
+    pytest.param(case, group, method, id=f"{case}-{group}")
+    for case, (_, methods) in CASES.items()
+    for group, method in methods
+]
+
+
+# The storage modes kvcompat cannot adapt yet (no paged SWA pool): described all the same.
+UNADAPTABLE = ("DeepSeekV4TokenToKVPool-request-window", "DeepSeekV4TokenToKVPool-unified")
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=sorted(set(CASES) - set(UNADAPTABLE)))
+def adaptable_case(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _build(case: str) -> Any:
+    return CASES[case][0]()
+
+
+# -- the guarantees, for every class ----------------------------------------------------------
+
+
+def test_inspection_runs_no_native_getter_and_no_wait(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native = _build(case)
+    guard = instrument(monkeypatch, native)
+    manifest = describe(native)
+    memory_report(native)
+    transfer_descriptors(native)
+    guard.assert_untouched()
+    assert guard.counters, "every pool object got a recording counter"
+    assert list(manifest.iter_tensors())
+
+
+def test_memory_counts_every_allocation_once(case: str) -> None:
+    native = _build(case)
+    report = memory_report(native)
+    assert report.total_bytes == storage_total(native) > 0
+    assert sum(report.tensor_bytes.values()) == report.total_bytes
+    assert sum(report.by_layer.values()) + report.unlayered_bytes == report.total_bytes
+    assert report.components[0].total_bytes == report.total_bytes
+
+
+def test_every_path_resolves_to_its_tensor(case: str) -> None:
+    native = _build(case)
+    for entry in describe(native).iter_tensors():
+        tensor = resolve_path(native, entry.path)
+        assert tensor.data_ptr() == entry.data_ptr, entry.path
+        assert tuple(tensor.shape) == entry.shape, entry.path
+        assert tensor.untyped_storage().data_ptr() == entry.storage_ptr, entry.path
+
+
+def test_layer_ids_agree_with_the_adapter(adaptable_case: str) -> None:
+    native = _build(adaptable_case)
+    adapter = kvcompat.adapt(native)
+    manifest = describe(native)
+    assert manifest.layer_ids == adapter.layer_ids
+    assert manifest.kind is adapter.kind
+    parts = adapter.components or {manifest.name: adapter}
+    nodes = {node.name: node for node in manifest.walk()}
+    for name, part in parts.items():
+        node = nodes[name]
+        assert node.layer_ids == part.layer_ids, name
+        assert isinstance(part, LeafAdapter)
+        primary = [e for e in node.tensors if e.path.endswith(f"{part.source_attr}[0]")]
+        assert primary or not part.layer_ids, name
+        for layer, slot in part.storage_slots.items():
+            path = f"{node.path}.{part.source_attr}[{slot}]".lstrip(".")
+            entry = next(e for e in node.tensors if e.path == path)
+            assert layer in entry.layer_ids, (name, layer, entry.layer_ids)
+            key = part.get_key_buffer(layer, wait=False)
+            assert key.data_ptr() == entry.data_ptr, (name, layer)
+
+
+@pytest.mark.parametrize(("case_id", "group", "method"), COMPARISONS)
+def test_descriptors_equal_sglang_buf_infos(case_id: str, group: str, method: str) -> None:
+    native = _build(case_id)
+    theirs = tuple(list(column) for column in getattr(native, method)())
+    ours = as_buf_infos(transfer_descriptors(native, group=group))
+    assert ours == theirs, f"{case_id}: {group} differs from {method}()"
+    assert ours[0], f"{case_id}: SGLang registers something for {group}"
+
+
+# -- DeepSeek-V4 --------------------------------------------------------------------------------
+
+
+def test_dsv4_memory_is_reported_where_sglang_reports_zero() -> None:
+    native = b.build_dsv4_token_pool()
+    assert vars(native)["mem_usage"] == 0  # SGLang #37852: its own accounting sees nothing
+    report = memory_report(native)
+    assert report.total_bytes == storage_total(native) > 0
+    names = [entry.name for entry in report.components]
+    assert names == [
+        "DeepSeekV4TokenToKVPool",
+        "swa",
+        "c4",
+        "c4_indexer",
+        "c128",
+        "c4_state",
+        "c128_state",
+        "c4_indexer_state",
+    ]
+    assert report.component("swa").bytes == sum(buf.nbytes for buf in native.swa_kv_pool.kv_buffer)
+    assert report.component("c128_state").bytes == (
+        native.compress_state_pools[2].kv_score_buffer.kv_score.nbytes
+    )
+    assert set(report.by_role) == {"packed_kv", "index_keys", "compress_state"}
+
+
+def test_dsv4_manifest_covers_every_part() -> None:
+    native = b.build_dsv4_token_pool()
+    manifest = describe(native)
+    assert manifest.layout == native.pd_kv_layout() == "v4,c4:v4,c128:v4"
+    parts = {node.name: node for node in manifest.children}
+    assert parts["swa"].path == "swa_kv_pool"
+    assert parts["c4"].path == "kv_pools[4]"
+    assert parts["c4_indexer"].path == "index_pools[4]"
+    assert parts["c4_indexer"].layout == "dsv4-indexer-fp8"
+    assert parts["c4"].details["compress_ratio"] == 4
+    assert parts["c128_state"].role is Role.COMPRESS_STATE
+    assert parts["c128_state"].details["request_scoped"] is True
+    assert [e.path for e in parts["c4_state"].tensors] == [
+        "compress_state_pools[1].kv_score_buffer.kv_score"
+    ]
+    assert [e.path for e in parts["c4_indexer_state"].tensors] == [
+        "indexer_compress_state_pools[1].kv_score_buffer.kv_score"
+    ]
+    for node in manifest.children:
+        for entry in node.tensors:
+            assert entry.regions, f"{entry.path} is transferable"
+
+
+def test_dsv4_low_ratio_layers_share_their_source_buffer() -> None:
+    native = _dsv4_low_ratios()
+    manifest = describe(native)
+    assert manifest.layout == native.pd_kv_layout()
+    c1 = manifest.find("c1")
+    (entry,) = c1.tensors
+    assert entry.layer_ids == (1, 2)  # layer 2 reads the buffer layer 1 writes
+    assert entry.layer_id == 1
+    assert c1.layout == "v41_fp4"
+    assert manifest.find("c1_indexer").layout == "dsv4-indexer-fp4"
+    adapter = kvcompat.adapt(native)
+    assert dict(adapter.components["c1"].storage_slots) == {1: 0, 2: 0}
+    request = transfer_descriptors(native, group="request_state")
+    assert [(d.component, d.layer_id) for d in request] == [("c2_state", 3), ("c128_state", 5)]
+
+
+@pytest.mark.parametrize("case_id", UNADAPTABLE)
+def test_modes_kvcompat_cannot_adapt_are_still_described(case_id: str) -> None:
+    native = _build(case_id)
+    assert native.swa_kv_pool is None
+    with pytest.raises(kvcompat.UnsupportedPoolError):
+        kvcompat.adapt(native)
+    manifest = describe(native)
+    names = [node.name for node in manifest.walk()]
+    assert "swa" not in names
+    if native.request_window is not None:
+        window = manifest.find("request_window")
+        assert window.role is Role.REQUEST_WINDOW
+        assert [child.name for child in window.children] == ["window", "window_workspace"]
+        assert manifest.find("window").layer_ids == manifest.layer_ids
+        assert manifest.find("window_workspace").role is Role.WORKSPACE
+        assert "request_window.tags" in {e.path for e in window.tensors}
+    else:
+        unified = manifest.find("unified")
+        assert unified.layout == "dsv4-unified-bf16"
+        assert [e.layer_ids for e in unified.tensors] == [(0,), (1,), (2,)]
+        assert {r.group.value for e in unified.tensors for r in e.regions} == {"swa_ring", "kv"}
+    assert memory_report(native).total_bytes == storage_total(native)
+
+
+def test_the_guard_is_armed_on_real_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = b.build_dsv4_token_pool()
+    guard = instrument(monkeypatch, native)
+    native.get_extra_key_buffer(1)  # waits, then calls the c4 pool's getter
+    _ = native.compress_state_pools[1].kv_score_buffer.kv  # a computing property
+    assert "DeepSeekV4TokenToKVPool.get_extra_key_buffer" in guard.calls
+    assert "DeepSeekV4TokenToKVPool.wait_layer_transfer" in guard.calls
+    assert "DeepSeekV4SingleKVPool.get_key_buffer" in guard.calls
+    assert "KVAndScore.kv" in guard.calls
+    assert guard.waits == [1]
