@@ -210,12 +210,21 @@ def adapt(pool: Any) -> KVPoolProtocol:
 
 
 def adapt_part(
-    native: Any, *, owner: str, component: str, slots: Mapping[int, int]
+    native: Any,
+    *,
+    owner: str,
+    component: str,
+    slots: Mapping[int, int],
+    wait_owner: Any = None,
+    wait_offset: int = 0,
 ) -> KVPoolProtocol:
     """Adapt a composite's sub-pool as a named component with absolute layer ids.
 
     ``slots`` maps each absolute layer id the component serves to the index of
-    its buffer in the sub-pool's per-layer list.
+    its buffer in the sub-pool's per-layer list. With ``wait_owner`` (the native
+    composite, where SGLang registers the layer-transfer counter) the part's
+    getters wait on ``wait_owner.layer_transfer_counter`` at
+    ``layer_id - wait_offset``, as the composite's native getters do.
 
     Example:
         >>> from kvcompat.testing import ReferenceMHATokenToKVPool
@@ -235,7 +244,15 @@ def adapt_part(
             '"sglang.srt.mem_cache.memory_pool.MHATokenToKVPool").'
         )
         raise UnsupportedPoolError(msg)
-    return family.leaf(native, slots=slots, component=component)
+    if wait_owner is None:
+        return family.leaf(native, slots=slots, component=component)
+    return family.leaf(
+        native,
+        slots=slots,
+        component=component,
+        wait_owner=wait_owner,
+        wait_index={layer: layer - wait_offset for layer in slots},
+    )
 
 
 def register_adapter(

@@ -19,8 +19,14 @@ __all__ = ["CompositeAdapter"]
 def _as_component(adapter: KVPoolProtocol, name: str) -> KVPoolProtocol:
     """A leaf adapter re-labelled so its pairs and ``component_for`` carry ``name``."""
     if isinstance(adapter, LeafAdapter) and adapter.component_name != name:
+        owner, index = adapter.wait_plan
         return type(adapter)(
-            adapter.native, slots=adapter.storage_slots, component=name, waits=adapter.waits
+            adapter.native,
+            slots=adapter.storage_slots,
+            component=name,
+            waits=adapter.waits,
+            wait_owner=owner,
+            wait_index=index,
         )
     return adapter
 
@@ -38,9 +44,11 @@ class CompositeAdapter:
         native: the native composite pool.
         components: component name -> adapter.
         route: absolute layer id -> name of the component serving it.
-        wait_offset: the native getters call
-            ``layer_transfer_counter.wait_until(layer_id - wait_offset)``
-            before answering; None when they never wait.
+        wait_offset: when set, the composite itself calls
+            ``layer_transfer_counter.wait_until(layer_id - wait_offset)`` and asks
+            the part not to wait; when None (the built-in composites), each part
+            performs the wait itself (see :func:`kvcompat._registry.adapt_part`),
+            so a part used directly waits too.
         name: display name (defaults to the native class name).
 
     Example:
@@ -113,6 +121,7 @@ class CompositeAdapter:
             counter = getattr(self._native, "layer_transfer_counter", None)
             if counter is not None:
                 counter.wait_until(layer_id - self._wait_offset)
+            wait = False  # the composite's wait stands for the part's
         return part.get_key_buffer(layer_id, wait=wait)
 
     def get_value_buffer(self, layer_id: int, /, *, wait: bool = True) -> torch.Tensor:
@@ -135,6 +144,7 @@ class CompositeAdapter:
             counter = getattr(self._native, "layer_transfer_counter", None)
             if counter is not None:
                 counter.wait_until(layer_id - self._wait_offset)
+            wait = False  # the composite's wait stands for the part's
         return part.get_value_buffer(layer_id, wait=wait)
 
     def get_kv_buffer(self, layer_id: int, /, *, wait: bool = True) -> KVPair:
@@ -157,6 +167,7 @@ class CompositeAdapter:
             counter = getattr(self._native, "layer_transfer_counter", None)
             if counter is not None:
                 counter.wait_until(layer_id - self._wait_offset)
+            wait = False  # the composite's wait stands for the part's
         return part.get_kv_buffer(layer_id, wait=wait)
 
     def component_for(self, layer_id: int, /) -> str | None:

@@ -101,6 +101,8 @@ class LeafAdapter:
         "_slots",
         "_source",
         "_values",
+        "_wait_index",
+        "_wait_owner",
         "_waits",
     )
 
@@ -112,11 +114,19 @@ class LeafAdapter:
         name: str | None = None,
         component: str | None = None,
         waits: bool | None = None,
+        wait_owner: Any = None,
+        wait_index: Mapping[int, int] | None = None,
     ) -> None:
         self._native = native
         self._name = name or component or type(native).__name__
         self._component = component
-        self._waits = self.native_waits if waits is None else waits
+        # Whose layer_transfer_counter the getters wait on, and with which index per layer:
+        # the pool itself with the storage slot (what SGLang's leaf getters do), or - for a
+        # composite's part - the composite, which is where SGLang registers the counter.
+        self._wait_owner = native if wait_owner is None else wait_owner
+        if waits is None:
+            waits = self.native_waits if wait_owner is None else True
+        self._waits = waits
         source = getattr(native, self.source_attr, None)
         if source is None:
             msg = (
@@ -128,6 +138,7 @@ class LeafAdapter:
         self._slots: dict[int, int] = dict(
             default_slots(native, source) if slots is None else slots
         )
+        self._wait_index: dict[int, int] = self._slots if wait_index is None else dict(wait_index)
         self._source: Any = None
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
@@ -192,9 +203,9 @@ class LeafAdapter:
         except KeyError:
             raise_unserved(layer_id, self._name, self._slots)
         if wait and self._waits:
-            counter = getattr(self._native, "layer_transfer_counter", None)
+            counter = getattr(self._wait_owner, "layer_transfer_counter", None)
             if counter is not None:
-                counter.wait_until(self._slots[layer_id])
+                counter.wait_until(self._wait_index[layer_id])
         return key
 
     def get_value_buffer(self, layer_id: int, /, *, wait: bool = True) -> torch.Tensor:
@@ -216,9 +227,9 @@ class LeafAdapter:
         except KeyError:
             self._missing_value(layer_id)
         if wait and self._waits:
-            counter = getattr(self._native, "layer_transfer_counter", None)
+            counter = getattr(self._wait_owner, "layer_transfer_counter", None)
             if counter is not None:
-                counter.wait_until(self._slots[layer_id])
+                counter.wait_until(self._wait_index[layer_id])
         return value
 
     def get_kv_buffer(self, layer_id: int, /, *, wait: bool = True) -> KVPair:
@@ -241,9 +252,9 @@ class LeafAdapter:
         except KeyError:
             self._missing_value(layer_id)
         if wait and self._waits:
-            counter = getattr(self._native, "layer_transfer_counter", None)
+            counter = getattr(self._wait_owner, "layer_transfer_counter", None)
             if counter is not None:
-                counter.wait_until(self._slots[layer_id])
+                counter.wait_until(self._wait_index[layer_id])
         return pair
 
     def _missing_value(self, layer_id: int) -> None:
@@ -400,6 +411,20 @@ class LeafAdapter:
             'full'
         """
         return self._component
+
+    @property
+    def wait_plan(self) -> tuple[Any, Mapping[int, int]]:
+        """``(owner, index by layer)``: getters call ``owner.layer_transfer_counter.wait_until``.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+            >>> native = ReferenceMHATokenToKVPool(16, 16, layer_num=2, start_layer=4)
+            >>> owner, index = kvcompat.adapt(native).wait_plan
+            >>> owner is native, dict(index)
+            (True, {4: 0, 5: 1})
+        """
+        return self._wait_owner, MappingProxyType(self._wait_index)
 
     @property
     def waits(self) -> bool:

@@ -51,21 +51,17 @@ def adapt_swa(native: Any) -> KVPoolProtocol:
         ((0, 2), (1, 3))
     """
     owner = type(native).__name__
+    waits = {"wait_owner": native, "wait_offset": int(getattr(native, "start_layer", 0) or 0)}
     full: dict[int, int] = {}
     swa: dict[int, int] = {}
     for layer, (dense, is_swa) in native.layers_mapping.items():
         (swa if is_swa else full)[int(layer)] = int(dense)
     components = {
-        "full": adapt_part(native.full_kv_pool, owner=owner, component="full", slots=full),
-        "swa": adapt_part(native.swa_kv_pool, owner=owner, component="swa", slots=swa),
+        "full": adapt_part(native.full_kv_pool, owner=owner, component="full", slots=full, **waits),
+        "swa": adapt_part(native.swa_kv_pool, owner=owner, component="swa", slots=swa, **waits),
     }
     route = dict.fromkeys(full, "full") | dict.fromkeys(swa, "swa")
-    return CompositeAdapter(
-        native,
-        components=components,
-        route=route,
-        wait_offset=int(getattr(native, "start_layer", 0) or 0),
-    )
+    return CompositeAdapter(native, components=components, route=route)
 
 
 def adapt_hybrid_linear(native: Any) -> KVPoolProtocol:
@@ -82,13 +78,15 @@ def adapt_hybrid_linear(native: Any) -> KVPoolProtocol:
     slots = {
         int(layer): int(dense) for layer, dense in native.full_attention_layer_id_mapping.items()
     }
-    full = adapt_part(native.full_kv_pool, owner=owner, component="full", slots=slots)
-    return CompositeAdapter(
-        native,
-        components={"full": full},
-        route=dict.fromkeys(slots, "full"),
+    full = adapt_part(
+        native.full_kv_pool,
+        owner=owner,
+        component="full",
+        slots=slots,
+        wait_owner=native,
         wait_offset=int(getattr(native, "start_layer", 0) or 0),
     )
+    return CompositeAdapter(native, components={"full": full}, route=dict.fromkeys(slots, "full"))
 
 
 def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
@@ -118,9 +116,15 @@ def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
     start = int(native._stage_start)
     end = int(native._stage_end)
     stage = range(start, end)
+    # SGLang waits at the composite, with layer_id - start_layer, for every layer-routed getter.
+    waits = {"wait_owner": native, "wait_offset": int(getattr(native, "start_layer", 0) or 0)}
     components: dict[str, KVPoolProtocol] = {
         "swa": adapt_part(
-            swa_pool, owner=owner, component="swa", slots={layer: layer - start for layer in stage}
+            swa_pool,
+            owner=owner,
+            component="swa",
+            slots={layer: layer - start for layer in stage},
+            **waits,
         )
     }
     by_ratio: dict[int, dict[int, int]] = {}
@@ -131,17 +135,16 @@ def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
     for ratio, pool in native.kv_pools.items():
         if pool is not None and ratio in by_ratio:
             name = f"c{ratio}"
-            components[name] = adapt_part(pool, owner=owner, component=name, slots=by_ratio[ratio])
+            components[name] = adapt_part(
+                pool, owner=owner, component=name, slots=by_ratio[ratio], **waits
+            )
     for ratio, pool in native.index_pools.items():
         if pool is not None and ratio in by_ratio:
             name = f"c{ratio}_indexer"
-            components[name] = adapt_part(pool, owner=owner, component=name, slots=by_ratio[ratio])
-    return CompositeAdapter(
-        native,
-        components=components,
-        route=dict.fromkeys(stage, "swa"),
-        wait_offset=int(getattr(native, "start_layer", 0) or 0),
-    )
+            components[name] = adapt_part(
+                pool, owner=owner, component=name, slots=by_ratio[ratio], **waits
+            )
+    return CompositeAdapter(native, components=components, route=dict.fromkeys(stage, "swa"))
 
 
 def _leaf(qualname: str, kind: PoolKind, leaf: type[Any]) -> Family:

@@ -376,11 +376,22 @@ class ReferenceMLATokenToKVPool(_ReferenceKVCache):
         self.kv_buffer[layer_id - self.start_layer][index] = cache_k
 
     def set_mla_kv_buffer(
-        self, layer: Any, loc: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor
+        self,
+        layer: Any,
+        loc_info: Any,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+        layer_id_override: int | None = None,
     ) -> None:
-        """Write the nope and rope parts of the latent rows."""
+        """Write the nope and rope parts of the latent rows.
+
+        Like SGLang's MLA row writer, rows addressed to the reserved padding slot
+        0 are skipped.
+        """
+        loc = _loc_of(loc_info)
         row = torch.cat([cache_k_nope, cache_k_rope], dim=-1)
-        self.set_kv_buffer(layer, loc, row, None)
+        keep = loc != 0
+        self.set_kv_buffer(layer, loc[keep], row[keep], None, layer_id_override=layer_id_override)
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         """``(data_ptrs, data_lens, item_lens)`` per layer, item = one page of rows."""
@@ -503,6 +514,9 @@ class ReferenceSWAKVPool:
 
     ``layers_mapping[global_id] = (dense_index, is_swa)`` routes each layer; the
     getters wait with the global id and forward the dense index to a sub-pool.
+    As in SGLang, ``swa_head_num``/``swa_head_dim``/``swa_v_head_dim`` reach only
+    the sliding-window sub-pool, and any other keyword (``start_layer`` too)
+    reaches both.
 
     Example:
         >>> from kvcompat.testing import ReferenceSWAKVPool
@@ -513,6 +527,8 @@ class ReferenceSWAKVPool:
         >>> pool.layers_mapping[2], pool.get_key_buffer(2).shape
         ((1, True), torch.Size([48, 2, 8]))
     """
+
+    _SWA_ONLY = ("swa_head_num", "swa_head_dim", "swa_v_head_dim")
 
     def __init__(
         self,
@@ -544,30 +560,56 @@ class ReferenceSWAKVPool:
         self.layer_num = self.swa_layer_nums + self.full_layer_nums
         common = {
             "page_size": page_size,
+            "enable_memory_saver": enable_memory_saver,
             "device": device,
             "head_num": head_num,
             "head_dim": head_dim,
-            "enable_memory_saver": enable_memory_saver,
-            **kwargs,
         }
+        full_kwargs = {**common, "allocation_label": "Full", **kwargs}
+        for name in self._SWA_ONLY:
+            full_kwargs.pop(name, None)
+        swa_kwargs = {**common, "allocation_label": "SWA", **kwargs}
         self.full_kv_pool = token_to_kv_pool_class(
-            size=size, dtype=dtype, layer_num=self.full_layer_nums, **common
+            size=size, dtype=dtype, layer_num=self.full_layer_nums, **full_kwargs
         )
         self.swa_kv_pool = token_to_kv_pool_class(
-            size=size_swa, dtype=dtype, layer_num=self.swa_layer_nums, **common
+            size=size_swa, dtype=dtype, layer_num=self.swa_layer_nums, **swa_kwargs
         )
+        for pool, layer_ids in (
+            (self.full_kv_pool, full_attention_layer_ids),
+            (self.swa_kv_pool, swa_attention_layer_ids),
+        ):
+            if isinstance(pool, ReferenceMHATokenToKVPool):
+                pool.model_layer_ids = tuple(layer_ids)
         self.layers_mapping: dict[int, tuple[int, bool]] = {}
         for dense, layer in enumerate(full_attention_layer_ids):
             self.layers_mapping[layer] = (dense, False)
         for dense, layer in enumerate(swa_attention_layer_ids):
             self.layers_mapping[layer] = (dense, True)
         self.full_to_swa_index_mapping: torch.Tensor | None = None
+        k_size, v_size = self.get_kv_size_bytes()
+        self.mem_usage = (k_size + v_size) / (1 << 30)
+
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
+        """Install the full-pool -> SWA-pool token index mapping."""
+        self.full_to_swa_index_mapping = full_to_swa_index_mapping
 
     def register_layer_transfer_counter(self, layer_transfer_counter: Any) -> None:
         """The wrapper waits; the sub-pools never do."""
         self.layer_transfer_counter = layer_transfer_counter
         self.full_kv_pool.register_layer_transfer_counter(None)
         self.swa_kv_pool.register_layer_transfer_counter(None)
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """K and V bytes summed over both sub-pools."""
+        k_full, v_full = self.full_kv_pool.get_kv_size_bytes()
+        k_swa, v_swa = self.swa_kv_pool.get_kv_size_bytes()
+        return k_full + k_swa, v_full + v_swa
+
+    def get_v_head_dim(self) -> int:
+        """The full side's value head dim (the SWA side's when there is no full side)."""
+        lead = self.full_kv_pool if self.full_layer_nums > 0 else self.swa_kv_pool
+        return int(lead.get_value_buffer(lead.start_layer).shape[-1])
 
     def _route(self, layer_id: int) -> tuple[Any, int]:
         if self.layer_transfer_counter is not None:
@@ -592,6 +634,26 @@ class ReferenceSWAKVPool:
         pool, dense = self._route(layer_id)
         pair: tuple[torch.Tensor, torch.Tensor] = pool.get_kv_buffer(dense)
         return pair
+
+    def set_kv_buffer(
+        self,
+        layer: Any,
+        loc_info: Any,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ) -> None:
+        """Write through the sub-pool; SWA layers need ``loc_info.swa_loc``, as in SGLang."""
+        loc = getattr(loc_info, "loc", loc_info)
+        swa_loc = getattr(loc_info, "swa_loc", None)
+        dense, is_swa = self.layers_mapping[int(layer.layer_id)]
+        pool = self.swa_kv_pool if is_swa else self.full_kv_pool
+        if is_swa:
+            if swa_loc is None:
+                raise AssertionError
+            loc = swa_loc
+        pool.set_kv_buffer(None, loc, cache_k, cache_v, layer_id_override=dense)
 
 
 def reference_swa_pool(**overrides: Any) -> ReferenceSWAKVPool:

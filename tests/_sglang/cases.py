@@ -29,16 +29,20 @@ import pytest
 import torch
 
 from _sglang import builders as b
+from _sglang.env import prepare_sglang
 from _sglang.legacy import build_legacy_dsv4_single_pool
 
 __all__ = [
+    "CONFORMANCE_CASES",
     "POOL_CASES",
+    "VARIANT_CASES",
     "LayerPlan",
     "LayerStorage",
     "PoolCase",
     "Slot",
     "case_params",
     "cases_for",
+    "conformance_params",
     "same_memory",
 ]
 
@@ -400,3 +404,153 @@ def cases_for(*, family: str | None = None, cls_name: str | None = None) -> list
 def case_params(cases: Sequence[PoolCase] | None = None) -> list[Any]:
     """``pytest.param`` objects (id = ``case.id``) for ``@pytest.mark.parametrize``."""
     return [pytest.param(case, id=case.id) for case in (POOL_CASES if cases is None else cases)]
+
+
+# -- variants for the conformance tests -----------------------------------------------------
+#
+# Kept out of POOL_CASES on purpose: tests/real/test_native_facts.py pins, for every case there,
+# that the native getter returns the very (bf16) tensor it stores, which fp8 pools (uint8
+# storage, typed view on every get) and the raw-index DSv4 branch do not. The conformance
+# tests run over POOL_CASES + VARIANT_CASES.
+
+_FP8 = torch.float8_e4m3fn
+
+
+def _build_mha_pool_v_head_dim(*, start_layer: int, layer_num: int, v_head_dim: int) -> Any:
+    """``MHATokenToKVPool`` with ``v_head_dim != head_dim``: K and V are separate allocations."""
+    mp = prepare_sglang().memory_pool
+    return mp.MHATokenToKVPool(
+        size=b.SIZE,
+        page_size=b.MHA_PAGE,
+        dtype=torch.bfloat16,
+        head_num=b.HEAD_NUM,
+        head_dim=b.HEAD_DIM,
+        layer_num=layer_num,
+        device=b.DEVICE,
+        enable_memory_saver=False,
+        v_head_dim=v_head_dim,
+        start_layer=start_layer,
+        end_layer=start_layer + layer_num,
+    )
+
+
+def _variant(
+    case_id: str,
+    cls_name: str,
+    family: str,
+    builder: Callable[..., Any],
+    make: Callable[[int], LayerPlan],
+    note: str,
+    **kwargs: Any,
+) -> PoolCase:
+    start = int(kwargs.get("start_layer", 0))
+    return PoolCase(
+        id=case_id,
+        cls_name=cls_name,
+        family=family,
+        builder=builder,
+        kwargs=MappingProxyType({"layer_num": _N, **kwargs}),
+        start_layer=start,
+        layers=_contiguous(start, _N, make),
+        note=note,
+    )
+
+
+def _variant_cases() -> tuple[PoolCase, ...]:
+    fp8_note = "fp8 pool: uint8 storage, getters return a float8_e4m3fn view"
+    cases = [
+        _variant(
+            f"MHATokenToKVPool-fp8-start{start}",
+            "MHATokenToKVPool",
+            "split",
+            b.build_mha_pool,
+            _split("k_buffer", "v_buffer"),
+            fp8_note,
+            start_layer=start,
+            dtype=_FP8,
+        )
+        for start in (0, _S)
+    ]
+    cases += [
+        _variant(
+            f"MHATokenToKVPool-vdim4-start{_S}",
+            "MHATokenToKVPool",
+            "split",
+            _build_mha_pool_v_head_dim,
+            _split("k_buffer", "v_buffer"),
+            "v_head_dim 4 != head_dim 8: K and V are separate allocations",
+            start_layer=_S,
+            v_head_dim=4,
+        ),
+        _variant(
+            f"MHATokenToKOnlyPool-fp8-start{_S}",
+            "MHATokenToKOnlyPool",
+            "key_only",
+            b.build_k_only_pool,
+            _key_only("k_buffer"),
+            fp8_note,
+            start_layer=_S,
+            dtype=_FP8,
+        ),
+        _variant(
+            f"MLATokenToKVPool-fp8-start{_S}",
+            "MLATokenToKVPool",
+            "latent",
+            b.build_mla_pool,
+            _latent(),
+            fp8_note,
+            start_layer=_S,
+            dtype=_FP8,
+        ),
+    ]
+    cases += [
+        _variant(
+            f"DeepSeekV4SingleKVPool-uint8-start{start}",
+            "DeepSeekV4SingleKVPool",
+            "single",
+            b.build_dsv4_single_pool,
+            _single,
+            "dtype uint8 == store dtype: the native getter's raw-index branch (trap 3)",
+            start_layer=start,
+            dtype=torch.uint8,
+        )
+        for start in (0, _S)
+    ]
+    ratios = (0, 4, 128, 0, 4, 128)
+    cases.append(
+        PoolCase(
+            id="DeepSeekV4TokenToKVPool-start3-noend",
+            cls_name="DeepSeekV4TokenToKVPool",
+            family="dsv4_token",
+            builder=b.build_dsv4_token_pool,
+            kwargs=MappingProxyType(
+                {"compression_ratios": ratios, "start_layer": 3, "end_layer": None}
+            ),
+            start_layer=3,
+            # Without end_layer the pool builds the whole model (_stage_start 0) while its
+            # start_layer (which only shifts the layer-transfer wait) stays 3.
+            layers=_dsv4_token_layers(ratios, 0, len(ratios)),
+            note="start_layer without end_layer: every model layer allocated, waits shifted",
+        )
+    )
+    return tuple(cases)
+
+
+VARIANT_CASES: tuple[PoolCase, ...] = _variant_cases()
+"""Extra configurations for the conformance tests only (fp8 storage, v_head_dim != head_dim,
+the uint8 DSv4 branch, a DSv4 stage without end_layer)."""
+
+CONFORMANCE_CASES: tuple[PoolCase, ...] = POOL_CASES + VARIANT_CASES
+"""What the kvcompat conformance tests run over."""
+
+
+def conformance_params(
+    *, family: str | None = None, families: Sequence[str] | None = None
+) -> list[Any]:
+    """``pytest.param`` objects over :data:`CONFORMANCE_CASES`, optionally by family."""
+    wanted = None if families is None else set(families)
+    return [
+        pytest.param(case, id=case.id)
+        for case in CONFORMANCE_CASES
+        if (family is None or case.family == family) and (wanted is None or case.family in wanted)
+    ]
