@@ -40,8 +40,11 @@ def adapt_swa(native: Any) -> KVPoolProtocol:
     """Adapt ``SWAKVPool``: components ``full`` and ``swa``, routed by ``layers_mapping``.
 
     SGLang hands the sub-pools dense ids (their position in the sub-pool); the
-    components map absolute ids straight to those buffers, so a ``start_layer``
-    leaked into the sub-pools through ``**kwargs`` cannot shift them.
+    components map absolute ids straight to those buffers. A ``start_layer``
+    leaked into the sub-pools through ``**kwargs`` is refused: SGLang's
+    attention getters and writers then shift every dense id (a rotation of the
+    buffers) while its transfer metadata (``model_layer_ids``) does not, so no
+    answer would be right for every consumer.
 
     Example:
         >>> import kvcompat
@@ -51,6 +54,20 @@ def adapt_swa(native: Any) -> KVPoolProtocol:
         ((0, 2), (1, 3))
     """
     owner = type(native).__name__
+    shifted = {
+        side: start
+        for side in ("full_kv_pool", "swa_kv_pool")
+        if (start := getattr(getattr(native, side), "start_layer", 0) or 0)
+    }
+    if shifted:
+        msg = (
+            f"{owner}'s sub-pools carry start_layer {shifted} (passed through **kwargs). "
+            "SGLang then reads and writes dense layer i at buffer i - start_layer for attention, "
+            "but describes buffer i as dense layer i for transfers; kvcompat refuses to guess "
+            "which buffer holds a layer.\n"
+            "Hint: build SWAKVPool without start_layer (it always serves layer ids from 0)."
+        )
+        raise UnsupportedPoolError(msg)
     waits = {"wait_owner": native, "wait_offset": int(getattr(native, "start_layer", 0) or 0)}
     full: dict[int, int] = {}
     swa: dict[int, int] = {}
