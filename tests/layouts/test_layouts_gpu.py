@@ -1,0 +1,236 @@
+"""GPU tier: the torch twins on CUDA, and SGLang's own GPU kernels, byte for byte.
+
+What the CPU cannot show: SGLang's CUDA JIT stores (``store.cuh``, compiled unmodified
+through ``_oracle/store_harness.cu``), its Triton kernels' real fp8/bf16 rounding, and the
+torch twins running on a CUDA device. Everything here is skipped without a CUDA device;
+the SGLang parts also need SGLang's sources (an installed ``sglang``, or
+``KVCOMPAT_SGLANG_DIR`` pointing at an ``sglang`` package folder), ``nvcc`` and the
+``tvm_ffi`` headers (``KVCOMPAT_TVM_FFI_INCLUDE`` overrides where they are looked for).
+
+Results of the last run are recorded in docs/layouts/oracles.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _layout_cases import ALL_LAYOUTS, layout_id, tile_values
+
+from kvcompat.layouts import (
+    DSA_FP8,
+    UNIFORM_FP8,
+    V4,
+    V41,
+    V41_FP4,
+    V41_FP4_NEW,
+    V41_NEW,
+    LayoutSpec,
+    dequantize,
+    quantize,
+)
+from kvcompat.layouts._addressing import scatter_rows
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+HARNESS = Path(__file__).resolve().parent / "_oracle" / "store_harness.cu"
+STORE_LAYOUTS = {"v4": V4, "v41": V41, "v41_new": V41_NEW, "v41_fp4": V41_FP4,
+                 "v41_fp4_new": V41_FP4_NEW}  # fmt: skip
+
+
+def special_values(
+    spec: LayoutSpec, n: int, seed: int, dtype: torch.dtype, *, non_finite: bool
+) -> torch.Tensor:
+    values = tile_values(n, spec, seed=seed, dtype=torch.float32)
+    tile = min(spec.tile_size, spec.dim)
+    values[0, :tile] = 0.0
+    values[1, :tile] = torch.arange(tile).float() * 0.25 - 2.0  # ties
+    values[2, :tile] = 1e-6  # below every floor
+    if spec.unscaled_max is not None:
+        values = values.clamp(-spec.unscaled_max, spec.unscaled_max)
+    if non_finite:
+        values[3, 3] = math.nan
+        values[4, 5] = math.inf
+        values[5, 1] = -math.inf
+        values[6, :] = math.nan
+        values[7, :16] = -math.nan
+    return values.to(dtype)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+# ------------------------------------------------------------- torch twins on CUDA
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_twin_on_cuda_matches_cpu(spec: LayoutSpec, dtype: torch.dtype) -> None:
+    page_size = 64
+    rows = 3 if spec.paged else 200
+    per_row = page_size if spec.paged else 1
+    cases = [False, True] if spec.scale_encoding is not None else [False]
+    for non_finite in cases:
+        values = special_values(spec, 48, seed=1, dtype=dtype, non_finite=non_finite)
+        loc = torch.randperm(rows * per_row, generator=torch.Generator().manual_seed(3))[:48]
+        flavours = [False, True] if spec.supports_fnuz else [False]
+        for fnuz in flavours:
+            cpu = torch.randint(0, 256, (rows, spec.page_bytes(per_row)), dtype=torch.uint8)
+            gpu = cpu.cuda()
+            kwargs = {"fnuz": fnuz, "check_finite": not non_finite}
+            quantize(spec, values, cpu, loc, page_size, **kwargs)
+            quantize(spec, values.cuda(), gpu, loc.cuda(), page_size, **kwargs)
+            assert torch.equal(cpu, gpu.cpu())
+            out_cpu = dequantize(spec, cpu, loc, page_size, fnuz=fnuz)
+            out_gpu = dequantize(spec, gpu, loc.cuda(), page_size, fnuz=fnuz)
+            assert torch.equal(bits(out_cpu), bits(out_gpu.cpu()))
+
+
+# ---------------------------------------------------- SGLang's CUDA JIT stores (store.cuh)
+
+
+def _sglang_dir() -> Path | None:
+    if os.environ.get("KVCOMPAT_SGLANG_DIR"):
+        return Path(os.environ["KVCOMPAT_SGLANG_DIR"])
+    spec = importlib.util.find_spec("sglang")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _tvm_ffi_include() -> Path | None:
+    if os.environ.get("KVCOMPAT_TVM_FFI_INCLUDE"):
+        return Path(os.environ["KVCOMPAT_TVM_FFI_INCLUDE"])
+    spec = importlib.util.find_spec("tvm_ffi")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "include"
+
+
+@pytest.fixture(scope="module")
+def store_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    sglang_dir, tvm_include, nvcc = _sglang_dir(), _tvm_ffi_include(), shutil.which("nvcc")
+    if sglang_dir is None or tvm_include is None or nvcc is None:
+        pytest.skip("needs SGLang's sources, the tvm_ffi headers and nvcc")
+    major, minor = torch.cuda.get_device_capability()
+    binary = tmp_path_factory.mktemp("harness") / "store_harness"
+    command = [
+        nvcc, "-std=c++20", "-O3", "--expt-relaxed-constexpr", f"-arch=sm_{major}{minor}",
+        f"-DSGL_CUDA_ARCH={major * 100 + minor * 10}",
+        "-I", str(sglang_dir / "kernels" / "jit" / "include"),
+        "-I", str(sglang_dir / "kernels" / "jit" / "csrc" / "deepseek_v4"),
+        "-I", str(tvm_include), "-o", str(binary), str(HARNESS),
+    ]  # fmt: skip
+    built = subprocess.run(command, capture_output=True, text=True, check=False)
+    if built.returncode:
+        pytest.fail(f"building the store harness failed:\n{built.stderr[-3000:]}")
+    return binary
+
+
+def run_store(binary: Path, tmp: Path, name: str, page_bits: int, values: torch.Tensor,
+              loc: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    (tmp / "in.bin").write_bytes(bits(values).numpy().tobytes())
+    (tmp / "loc.bin").write_bytes(loc.to(torch.int64).numpy().tobytes())
+    (tmp / "cache.bin").write_bytes(cache.numpy().tobytes())
+    dtype = "bf16" if values.dtype == torch.bfloat16 else "fp32"
+    args = [str(binary), name, str(page_bits), dtype, str(loc.numel())]
+    args += [str(tmp / "in.bin"), str(tmp / "loc.bin"), str(tmp / "cache.bin")]
+    subprocess.run(args, check=True, capture_output=True)
+    data = bytearray((tmp / "cache.bin").read_bytes())
+    return torch.frombuffer(data, dtype=torch.uint8).reshape(cache.shape)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("non_finite", [False, True], ids=["finite", "non-finite"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("page_bits", [1, 2, 6])
+@pytest.mark.parametrize("name", sorted(STORE_LAYOUTS))
+def test_sglang_cuda_store_is_reproduced(
+    store_harness: Path, tmp_path: Path, name: str, page_bits: int, dtype: torch.dtype,
+    non_finite: bool,
+) -> None:  # fmt: skip
+    spec, page_size = STORE_LAYOUTS[name], 1 << page_bits
+    rows = max(2, 256 // page_size)
+    n = min(rows * page_size, 160)
+    values = special_values(spec, n, seed=page_bits, dtype=dtype, non_finite=non_finite)
+    loc = torch.randperm(rows * page_size, generator=torch.Generator().manual_seed(5))[:n]
+    cache = torch.randint(0, 256, (rows, spec.page_bytes(page_size)), dtype=torch.uint8)
+    theirs = run_store(store_harness, tmp_path, name, page_bits, values, loc, cache.clone())
+    ours = cache.clone()
+    quantize(spec, values, ours, loc, page_size, check_finite=not non_finite)
+    assert torch.equal(ours, theirs), int((ours != theirs).sum())
+
+
+# ------------------------------------------------------------- SGLang's Triton kernels
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # any import failure means "not runnable here"
+        pytest.skip(f"cannot import {name}: {exc}")
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("spec", [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW], ids=layout_id)
+def test_sglang_triton_readers_are_reproduced(spec: LayoutSpec) -> None:
+    """Every data byte against every scale byte, NaN bits included."""
+    dq = _import("sglang.kernels.ops.attention.dsv4.dequant_k_cache")
+    page_size = 4
+    if spec is V4:
+        n = 74
+        codes = (torch.arange(448).repeat(n, 1) + torch.arange(n)[:, None] * 13) % 256
+        rope = torch.randint(0, 256, (n, 128), generator=torch.Generator().manual_seed(7))
+        data = torch.cat((codes, rope), dim=1).to(torch.uint8)
+        scales = (torch.arange(n)[:, None] * 7 + torch.arange(7)[None, :]) % 256
+    else:
+        n = -(-256 // spec.scale_bytes) * 2
+        data = (torch.arange(spec.data_bytes).repeat(n, 1) + torch.arange(n)[:, None] * 7) % 256
+        scales = (
+            torch.arange(n)[:, None] * spec.scale_bytes + torch.arange(spec.scale_bytes)
+        ) % 256
+    buf = torch.zeros(-(-n // page_size), spec.page_bytes(page_size), dtype=torch.uint8)
+    loc = torch.randperm(n, generator=torch.Generator().manual_seed(2))
+    scatter_rows(spec, buf, loc, page_size, data.to(torch.uint8), scales.to(torch.uint8))
+    ours = dequantize(spec, buf, loc, page_size)
+    if spec is V4:
+        theirs = dq.dequantize_k_cache_paged_dsv4(buf.cuda(), loc.cuda(), page_size)
+    else:
+        theirs = dq.dequantize_k_cache_paged_v41(
+            buf.cuda(), loc.cuda(), page_size, layout=spec.name
+        )
+    assert torch.equal(bits(ours), bits(theirs.reshape(n, 512).cpu()))
+
+
+@pytest.mark.sglang
+def test_sglang_dsa_triton_kernels_are_reproduced() -> None:
+    quant = _import("sglang.kernels.ops.quantization.dsa_quant_k_cache")
+    dequant = _import("sglang.kernels.ops.attention.dsa.dequant_k_cache")
+    for non_finite in (False, True):
+        values = special_values(DSA_FP8, 96, seed=3, dtype=torch.bfloat16, non_finite=non_finite)
+        nope, rope = quant.quantize_k_cache_separate(values[:, :512].cuda(), values[:, 512:].cuda())
+        theirs = torch.cat((nope.squeeze(1), rope.squeeze(1)), dim=1).cpu()
+        ours = torch.zeros(96, 1, 656, dtype=torch.uint8)
+        quantize(DSA_FP8, values, ours, torch.arange(96), 1, check_finite=not non_finite)
+        assert torch.equal(ours.reshape(96, 656), theirs)
+    loc = torch.randint(0, 96, (128,), generator=torch.Generator().manual_seed(1))
+    read = dequant.dequantize_k_cache_paged_dsa(ours.cuda().view(torch.float8_e4m3fn), loc.cuda())
+    assert torch.equal(bits(dequantize(DSA_FP8, ours, loc, 1)), bits(read.reshape(128, 576).cpu()))
+
+
+def test_uniform_fp8_twin_is_the_torch_cast_on_cuda() -> None:
+    values = special_values(UNIFORM_FP8, 16, seed=4, dtype=torch.bfloat16, non_finite=False).cuda()
+    buf = torch.zeros(1, UNIFORM_FP8.page_bytes(16), dtype=torch.uint8, device="cuda")
+    quantize(UNIFORM_FP8, values, buf, torch.arange(16, device="cuda"), 16)
+    assert torch.equal(buf.view(16, 512), values.to(torch.float8_e4m3fn).view(torch.uint8))
