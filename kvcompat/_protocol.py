@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["KVPair", "KVPoolProtocol", "PoolKind", "SupportsGetKeyBuffer"]
+__all__ = ["Impl", "KVPair", "KVPoolProtocol", "PoolKind", "SupportsGetKeyBuffer"]
+
+Impl = Literal["auto", "torch", "triton"]
+"""Codec implementation: ``"auto"`` (Triton for CUDA tensors when importable), or forced."""
 
 
 class PoolKind(str, enum.Enum):
@@ -239,6 +242,52 @@ class KVPoolProtocol(Protocol):
 
     def component_for(self, layer_id: int, /) -> str | None:
         """Which component serves the layer's primary buffer (None for a leaf pool)."""
+        ...
+
+    def layout(self, layer_id: int, /) -> Any:
+        """The byte layouts of the layer's buffers (a ``LayerLayout``)."""
+        ...
+
+    def read(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        /,
+        *,
+        out: torch.Tensor | None = None,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> torch.Tensor:
+        """Dense keys ``[n, heads, head_dim]`` of tokens ``loc``."""
+        ...
+
+    def read_kv(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        /,
+        *,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> KVPair:
+        """Dense ``(keys, values)`` of tokens ``loc``."""
+        ...
+
+    def write(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor | None = None,
+        /,
+        *,
+        check_finite: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> None:
+        """Quantize and store keys (and values) at tokens ``loc``, all or nothing."""
         ...
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from kvcompat._errors import LayoutError
-from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
+from kvcompat._protocol import Impl, KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
 from kvcompat.adapters._leaf import LeafAdapter
 
@@ -186,6 +186,115 @@ class CompositeAdapter:
             return self._route_names[layer_id]
         except KeyError:
             raise_unserved(layer_id, self._name, self._route)
+
+    # -- values by token index (the primary component's) --------------------------
+
+    def _part(self, layer_id: int) -> KVPoolProtocol:
+        if type(layer_id) is not int:
+            layer_id = coerce_layer_id(layer_id, self._name)
+        try:
+            return self._route[layer_id]
+        except KeyError:
+            raise_unserved(layer_id, self._name, self._route)
+
+    def layout(self, layer_id: int, /) -> Any:
+        """The byte layouts of the primary component's buffers for ``layer_id``.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> kvcompat.adapt(reference_swa_pool()).layout(1).key.name
+            'mha_2x8_bf16'
+        """
+        return self._part(layer_id).layout(layer_id)
+
+    def read(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        /,
+        *,
+        out: torch.Tensor | None = None,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> torch.Tensor:
+        """Dense keys of tokens ``loc`` from the primary component (see ``LeafAdapter.read``).
+
+        ``loc`` addresses the component's own token space (for SGLang's SWA layers, the
+        sliding-window pool's locations, i.e. the already-translated ``swa_loc``).
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> pool.read(0, torch.tensor([3])).shape
+            torch.Size([1, 2, 8])
+        """
+        part = self._part(layer_id)
+        wait = self._composite_wait(layer_id) if wait else False
+        return part.read(layer_id, loc, out=out, wait=wait, validate=validate, impl=impl)
+
+    def read_kv(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        /,
+        *,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> KVPair:
+        """Dense ``(keys, values)`` of tokens ``loc`` from the primary component.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> pool.read_kv(1, torch.tensor([3])).component
+            'full'
+        """
+        part = self._part(layer_id)
+        wait = self._composite_wait(layer_id) if wait else False
+        return part.read_kv(layer_id, loc, wait=wait, validate=validate, impl=impl)
+
+    def write(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor | None = None,
+        /,
+        *,
+        check_finite: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> None:
+        """Write keys (and values) of the primary component at ``loc`` — all or nothing.
+
+        ``loc`` addresses the component's own token space (see :meth:`read`).
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> k = torch.ones(1, 2, 8, dtype=torch.bfloat16)
+            >>> pool.write(1, torch.tensor([4]), k, 2 * k)
+            >>> pool.read_kv(1, torch.tensor([4])).value[0, 0, 0].item()
+            2.0
+        """
+        self._part(layer_id).write(
+            layer_id, loc, key, value, check_finite=check_finite, validate=validate, impl=impl
+        )
+
+    def _composite_wait(self, layer_id: int) -> bool:
+        """Perform the composite's own wait if it has one; returns whether the part must."""
+        if self._wait_offset is None:
+            return True
+        counter = getattr(self._native, "layer_transfer_counter", None)
+        if counter is not None:
+            counter.wait_until(layer_id - self._wait_offset)
+        return False
 
     # -- metadata ---------------------------------------------------------------
 

@@ -15,8 +15,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvcompat._errors import LayoutError, NoValueBufferError
+from kvcompat._errors import LayoutError, NoValueBufferError, WriteError
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
+from kvcompat.adapters._io import (
+    Impl,
+    LayerLayout,
+    detect_layouts,
+    plan_write,
+    read_rows,
+    write_rows,
+)
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
 
 __all__ = [
@@ -91,10 +99,13 @@ class LeafAdapter:
     """Whether the native getters wait on ``layer_transfer_counter``."""
     returns: ClassVar[tuple[str, str]] = ("", "")
     """What ``get_key_buffer`` and ``get_value_buffer`` return, in words (for the docs)."""
+    io_family: ClassVar[str] = ""
+    """Which layout detector applies (see :func:`kvcompat.adapters._io.detect_layouts`)."""
 
     __slots__ = (
         "_component",
         "_keys",
+        "_layouts",
         "_name",
         "_native",
         "_pairs",
@@ -143,6 +154,7 @@ class LeafAdapter:
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
         self._pairs: dict[int, KVPair] = {}
+        self._layouts: dict[int, LayerLayout] = {}
         self._refresh()
 
     # -- table building ---------------------------------------------------------
@@ -172,6 +184,7 @@ class LeafAdapter:
                 values[layer] = value
                 pairs[layer] = KVPair(key, value, shared=shared, component=self._component)
         self._keys, self._values, self._pairs = keys, values, pairs
+        self._layouts = {}
         self._source = source
 
     def _stale(self) -> bool:
@@ -267,6 +280,212 @@ class LeafAdapter:
             "before asking for values."
         )
         raise NoValueBufferError(msg)
+
+    # -- values by token index ----------------------------------------------------
+
+    def layout(self, layer_id: int, /) -> LayerLayout:
+        """The byte layouts of the layer's buffers, detected from the pool.
+
+        Raises:
+            LayoutError: kvcompat cannot tell (or has no codec for) the layout.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+            >>> pool = kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
+            >>> spec = pool.layout(0).key
+            >>> spec.name, spec.bytes_per_token, spec.page_bytes(64)
+            ('v4', 584, 37440)
+        """
+        key = self.get_key_buffer(layer_id, wait=False)
+        layer = layer_id if type(layer_id) is int else coerce_layer_id(layer_id, self._name)
+        found = self._layouts.get(layer)
+        if found is None:
+            value = self._values.get(layer)
+            found = detect_layouts(self.io_family, self._native, key, value, self._name)
+            self._layouts[layer] = found
+        return found
+
+    def read(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        /,
+        *,
+        out: torch.Tensor | None = None,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> torch.Tensor:
+        """Dense keys of tokens ``loc``: ``[n, heads, head_dim]``.
+
+        Packed layouts (DeepSeek-V4, DSA fp8) dequantize to bf16 bit-exactly as
+        SGLang's readers do; plain rows come back in the pool's logical dtype.
+        A token ``loc`` lives in page ``loc // page_size``, slot ``loc % page_size``.
+
+        Args:
+            layer_id: absolute model layer id.
+            loc: 1-D integer tensor of token locations (may repeat) on the pool's device.
+            out: optional pre-allocated ``[n, heads, head_dim]`` output (with
+                ``validate=False``, the read is capturable in a CUDA graph).
+            wait: perform the native layer-transfer wait first (as ``get_key_buffer``).
+            validate: check ``loc`` (dtype, device, range) first; a check syncs the host.
+            impl: ``"auto"`` (Triton on CUDA when available), ``"torch"`` or ``"triton"``.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+            >>> pool = kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
+            >>> pool.write(0, torch.tensor([5]), torch.ones(1, 1, 512))
+            >>> pool.read(0, torch.tensor([5])).shape
+            torch.Size([1, 1, 512])
+        """
+        key = self.get_key_buffer(layer_id, wait=wait)
+        spec = self.layout(layer_id)
+        return read_rows(
+            spec.key,
+            key,
+            loc,
+            self.page_size,
+            heads=spec.key.heads,
+            fnuz=spec.fnuz,
+            validate=validate,
+            impl=impl,
+            out=out,
+        )
+
+    def read_kv(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        /,
+        *,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> KVPair:
+        """Dense ``(keys, values)`` of tokens ``loc``; ``shared`` says if values alias keys.
+
+        Split pools read both buffers; on latent pools the values are the first
+        ``kv_lora_rank`` columns of the dense keys (a view); on single-KV pools
+        the values are the dense keys themselves.
+
+        Raises:
+            NoValueBufferError: the pool stores keys only.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import ReferenceMLATokenToKVPool
+            >>> pool = kvcompat.adapt(ReferenceMLATokenToKVPool(size=16, page_size=16))
+            >>> k, v = pool.read_kv(0, torch.tensor([1, 2]))
+            >>> k.shape, v.shape
+            (torch.Size([2, 1, 576]), torch.Size([2, 1, 512]))
+        """
+        key_buffer = self.get_key_buffer(layer_id, wait=wait)
+        spec = self.layout(layer_id)
+        keys = read_rows(
+            spec.key, key_buffer, loc, self.page_size, heads=spec.key.heads,
+            fnuz=spec.fnuz, validate=validate, impl=impl,
+        )  # fmt: skip
+        if spec.value is not None:
+            value_buffer = self.get_value_buffer(layer_id, wait=False)
+            values = read_rows(
+                spec.value, value_buffer, loc, self.page_size, heads=spec.value.heads,
+                fnuz=spec.fnuz, validate=validate, impl=impl,
+            )  # fmt: skip
+            return KVPair(keys, values, shared=False, component=self._component)
+        if not self.kind.has_values:
+            self._missing_value(coerce_layer_id(layer_id, self._name))
+        if spec.value_dim is not None:
+            return KVPair(keys, keys[..., : spec.value_dim], shared=True, component=self._component)
+        return KVPair(keys, keys, shared=True, component=self._component)
+
+    def write(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor | None = None,
+        /,
+        *,
+        check_finite: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> None:
+        """Quantize and store keys (and values) at tokens ``loc`` — all or nothing.
+
+        On the DeepSeek-V4 single-KV family this is the working replacement for
+        the native ``set_kv_buffer``, which raises. Everything is checked before
+        the first byte moves: layer id, ``loc`` (integer, 1-D, on the pool's
+        device, in range, no duplicates), shapes, dtypes and — with
+        ``check_finite`` — NaN/Inf. On error nothing is written, and the
+        caller's tensors are never modified.
+
+        Args:
+            layer_id: absolute model layer id.
+            loc: 1-D integer tensor of distinct token locations.
+            key: ``[n, heads, head_dim]`` (or ``[n, dim]``) keys.
+            value: split pools: the values (required). Latent and single-KV pools
+                store the value inside the key row: pass None (or the key itself /
+                its prefix view). Key-only pools: None.
+            check_finite: reject NaN/Inf (and values beyond an unscaled format's
+                range) with :class:`~kvcompat.WriteError`; False stores them exactly
+                as SGLang's store would.
+            validate: run the checks (False skips them, for CUDA-graph capture).
+            impl: ``"auto"``, ``"torch"`` or ``"triton"``.
+
+        Raises:
+            WriteError: bad locations, shapes, dtypes, values, or a value where the
+                pool has no separate value storage.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+            >>> native = ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64)
+            >>> pool = kvcompat.adapt(native)
+            >>> keys = torch.randn(3, 1, 512, dtype=torch.bfloat16)
+            >>> pool.write(0, torch.tensor([1, 2, 3]), keys)     # native set_kv_buffer raises
+            >>> back = pool.read(0, torch.tensor([1, 2, 3])).float()
+            >>> bool(((back - keys.float()).abs() <= keys.float().abs().max() / 16).all())
+            True
+        """
+        key_buffer = self.get_key_buffer(layer_id, wait=False)
+        layer = layer_id if type(layer_id) is int else coerce_layer_id(layer_id, self._name)
+        spec = self.layout(layer)
+        page_size = self.page_size
+        plans = [
+            plan_write(
+                spec.key, key_buffer, loc, key, page_size, what="key", owner=self._name,
+                check_finite=check_finite, validate=validate,
+            )
+        ]  # fmt: skip
+        if spec.value is not None:
+            if value is None:
+                msg = (
+                    f"{self._name} stores keys and values separately; write() got no value "
+                    f"for layer {layer}.\nHint: pass the values: pool.write(layer, loc, k, v)."
+                )
+                raise WriteError(msg)
+            value_buffer = self._values[layer]
+            plans.append(
+                plan_write(
+                    spec.value, value_buffer, loc, value, page_size, what="value",
+                    owner=self._name, check_finite=check_finite, validate=validate,
+                )
+            )  # fmt: skip
+        elif value is not None and not _aliases(value, key, spec.value_dim):
+            where = (
+                "stores keys only"
+                if not self.kind.has_values
+                else "keeps the value inside the key row"
+            )
+            msg = (
+                f"{self._name} ({self.kind.value}) {where}: write() got a separate value tensor "
+                f"for layer {layer}, which would be dropped.\n"
+                "Hint: pass value=None (or the key tensor / its prefix view)."
+            )
+            raise WriteError(msg)
+        write_rows(plans, page_size, fnuz=spec.fnuz, check_finite=check_finite, impl=impl)
 
     # -- metadata ---------------------------------------------------------------
 
@@ -445,6 +664,21 @@ class LeafAdapter:
         )
 
 
+def _aliases(value: object, key: object, value_dim: int | None) -> bool:
+    """Whether ``value`` is the key itself or (latent pools) its leading-columns view."""
+    if value is key:
+        return True
+    if not isinstance(value, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return False
+    return (
+        value_dim is not None
+        and value.data_ptr() == key.data_ptr()
+        and value.shape[:-1] == key.shape[:-1]
+        and value.shape[-1] == value_dim
+        and value.stride() == key.stride()
+    )
+
+
 class SplitAdapter(LeafAdapter):
     """Separate K and V tensors per layer (``k_buffer`` / ``v_buffer``), e.g. MHA.
 
@@ -458,6 +692,7 @@ class SplitAdapter(LeafAdapter):
 
     kind = PoolKind.SPLIT
     source_attr = "k_buffer"
+    io_family = "split"
     returns = (
         "``k_buffer[slot]`` viewed as the logical dtype",
         "``v_buffer[slot]`` viewed as the logical dtype",
@@ -484,6 +719,7 @@ class LatentAdapter(LeafAdapter):
 
     kind = PoolKind.LATENT
     source_attr = "kv_buffer"
+    io_family = "latent"
     returns = (
         "the full latent row ``kv_buffer[slot]`` (logical dtype)",
         "its first ``kv_lora_rank`` columns, a view of the same storage",
@@ -515,6 +751,7 @@ class SingleKVAdapter(LeafAdapter):
 
     kind = PoolKind.SINGLE_KV
     source_attr = "kv_buffer"
+    io_family = "single_kv"
     native_waits = False
     returns = (
         "the packed page-major ``kv_buffer[slot]`` typed as the logical dtype",
@@ -541,6 +778,7 @@ class KeyOnlyAdapter(LeafAdapter):
 
     kind = PoolKind.KEY_ONLY
     source_attr = "k_buffer"
+    io_family = "key_only"
     returns = (
         "``k_buffer[slot]`` viewed as the logical dtype",
         "raises ``NoValueBufferError`` (a ``NotImplementedError``)",
@@ -565,6 +803,7 @@ class IndexKeyAdapter(KeyOnlyAdapter):
 
     source_attr = "index_k_with_scale_buffer"
     native_waits = False
+    io_family = "index_key"
     returns = (
         "the packed ``uint8`` ``index_k_with_scale_buffer[slot]`` (keys, then scales)",
         "raises ``NoValueBufferError`` (a ``NotImplementedError``)",

@@ -1,0 +1,274 @@
+"""Reading and writing pool values by token index, on top of the layout codecs.
+
+A leaf adapter knows each layer's byte layout (:func:`detect_layouts`); reads
+dequantize rows at token locations into dense ``[n, heads, dim]`` tensors and
+writes quantize dense values into rows, through :mod:`kvcompat.layouts` (the
+torch twin, or a Triton kernel on CUDA). Every write is all-or-nothing: the
+layer id, locations, shapes, dtypes and values of *every* buffer it touches
+are checked before the first byte moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvcompat._errors import LayoutError, WriteError
+from kvcompat._protocol import Impl
+from kvcompat.layouts import (
+    UNIFORM_FP8,
+    V4,
+    LayoutSpec,
+    check_write,
+    dequantize,
+    dsa_fp8_layout,
+    get_layout,
+    mha_layout,
+    mla_layout,
+    quantize,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["Impl", "LayerLayout", "detect_layouts", "read_rows", "write_rows"]
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """The byte layouts of one layer's buffers.
+
+    Attributes:
+        key: layout of the key buffer.
+        value: layout of a *separate* value buffer (split pools), else None.
+        value_dim: for latent pools, the leading columns of the key row that are the
+            value (``kv_lora_rank``); None otherwise.
+        fnuz: the pool stores ROCm ``float8_e4m3fnuz`` bytes (V4 only).
+
+    Example:
+        >>> import kvcompat
+        >>> from kvcompat.testing import ReferenceMLATokenToKVPool
+        >>> pool = kvcompat.adapt(ReferenceMLATokenToKVPool(size=16, page_size=16))
+        >>> lay = pool.layout(0)
+        >>> lay.key.name, lay.value, lay.value_dim
+        ('mla_512+64_bf16', None, 512)
+    """
+
+    key: LayoutSpec
+    value: LayoutSpec | None = None
+    value_dim: int | None = None
+    fnuz: bool = False
+
+
+def _shape_error(owner: str, what: str, shape: Sequence[int], hint: str) -> LayoutError:
+    msg = f"{owner}: cannot tell the byte layout of {what} with shape {tuple(shape)}.\nHint: {hint}"
+    return LayoutError(msg)
+
+
+def detect_layouts(
+    kind: str, native: Any, key: torch.Tensor, value: Any, owner: str
+) -> LayerLayout:
+    """Work out a layer's layouts from the pool's attributes and its buffers' geometry.
+
+    ``kind`` is the adapter family (``"split"``, ``"key_only"``, ``"latent"``,
+    ``"single_kv"``, ``"index_key"``); ``key``/``value`` are the layer's storage.
+
+    Example:
+        >>> import kvcompat
+        >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+        >>> pool = kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
+        >>> pool.layout(0).key.name
+        'v4'
+    """
+    dtype: torch.dtype = native.dtype
+    if kind in ("split", "key_only"):
+        if key.dim() != 3:
+            raise _shape_error(
+                owner,
+                "the key buffer",
+                key.shape,
+                "only token-major (NHD) MHA buffers [rows, heads, head_dim] can be read; "
+                f"this pool's kv_cache_layout is {getattr(native, 'kv_cache_layout', '?')!r}.",
+            )
+        key_spec = mha_layout(int(key.shape[1]), int(key.shape[2]), dtype)
+        value_spec = None
+        if kind == "split":
+            if value.dim() != 3:
+                raise _shape_error(owner, "the value buffer", value.shape, "see the key buffer.")
+            value_spec = mha_layout(int(value.shape[1]), int(value.shape[2]), dtype)
+        return LayerLayout(key_spec, value_spec)
+    if kind == "latent":
+        rank = int(native.kv_lora_rank)
+        if getattr(native, "dsa_kv_cache_store_fp8", False):
+            spec = dsa_fp8_layout(rank, int(native.qk_rope_head_dim))
+            if spec.bytes_per_token != key.shape[-1] * key.element_size():
+                raise _shape_error(
+                    owner,
+                    "the packed DSA row",
+                    key.shape,
+                    f"expected {spec.bytes_per_token} bytes per token for the DSA fp8 row.",
+                )
+            # The value is the first kv_lora_rank *bytes* (e4m3 codes) of the packed row.
+            return LayerLayout(spec, value_dim=rank)
+        width = int(key.shape[-1])
+        return LayerLayout(mla_layout(rank, width - rank, dtype), value_dim=rank)
+    if kind == "single_kv":
+        return LayerLayout(_single_kv_layout(native, key, owner), fnuz=_is_fnuz(dtype))
+    msg = (
+        f"{owner}: kvcompat has no codec for the DeepSeek-V4 indexer-key layout yet; "
+        "its buffer is reachable as raw bytes through get_key_buffer().\n"
+        "Hint: read the index keys with SGLang's own indexer readers for now."
+    )
+    raise LayoutError(msg)
+
+
+def _is_fnuz(dtype: torch.dtype) -> bool:
+    return dtype == getattr(torch, "float8_e4m3fnuz", None)
+
+
+def _single_kv_layout(native: Any, key: torch.Tensor, owner: str) -> LayoutSpec:
+    page_size = int(native.page_size)
+    row_bytes = int(key.shape[-1]) * key.element_size() if key.dim() == 2 else -1
+    if key.dim() == 2 and key.dtype == torch.float8_e4m3fn and row_bytes == page_size * 512:
+        # DeepSeekV4UniformFP8KVPool stores e4m3 directly; its kv_layout attribute still
+        # reads V4, so the geometry decides.
+        return UNIFORM_FP8
+    named = getattr(native, "kv_layout", None)
+    try:
+        spec = V4 if named is None else get_layout(named)
+    except LayoutError:
+        spec = V4
+    if row_bytes != spec.page_bytes(page_size):
+        candidates = [
+            name
+            for name in ("v4", "v41", "v41_fp4", "v41_new", "v41_fp4_new", "uniform_fp8")
+            if get_layout(name).page_bytes(page_size) == row_bytes
+        ]
+        msg = (
+            f"{owner}: its pages are {row_bytes} bytes at page_size={page_size}, which does "
+            f"not match the {spec.name!r} layout ({spec.page_bytes(page_size)} bytes per page); "
+            f"layouts with that page size: {candidates or 'none'}.\n"
+            "Hint: the pool's kv_layout attribute must name the layout its buffers hold."
+        )
+        raise LayoutError(msg)
+    return spec
+
+
+def _codec_kwargs(impl: Impl, **extra: Any) -> dict[str, Any]:
+    if impl not in ("auto", "torch", "triton"):
+        msg = f"impl must be 'auto', 'torch' or 'triton', got {impl!r}."
+        raise ValueError(msg)
+    kwargs = {name: value for name, value in extra.items() if value is not None}
+    if impl != "auto":
+        kwargs["impl"] = impl
+    return kwargs
+
+
+def read_rows(
+    spec: LayoutSpec,
+    buf: torch.Tensor,
+    loc: torch.Tensor,
+    page_size: int,
+    *,
+    heads: int,
+    fnuz: bool,
+    validate: bool,
+    impl: Impl,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dequantize rows ``loc`` of one buffer into ``[n, heads, dim // heads]``.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> k = torch.arange(32 * 4, dtype=torch.float32).view(32, 2, 2)
+        >>> read_rows(mha_layout(2, 2, torch.float32), k, torch.tensor([1]), 16,
+        ...           heads=2, fnuz=False, validate=True, impl="auto").tolist()
+        [[[4.0, 5.0], [6.0, 7.0]]]
+    """
+    kwargs = _codec_kwargs(impl, out=None if out is None else out.view(out.shape[0], -1))
+    if fnuz:
+        kwargs["fnuz"] = True
+    dense = dequantize(spec, buf, loc, page_size, validate=validate, **kwargs)
+    if out is not None:
+        return out
+    return dense.view(dense.shape[0], heads, spec.dim // heads)
+
+
+@dataclass(frozen=True)
+class _Planned:
+    spec: LayoutSpec
+    buf: torch.Tensor
+    rows: torch.Tensor
+    loc: torch.Tensor
+
+
+def plan_write(
+    spec: LayoutSpec,
+    buf: torch.Tensor,
+    loc: torch.Tensor,
+    values: Any,
+    page_size: int,
+    *,
+    what: str,
+    owner: str,
+    check_finite: bool,
+    validate: bool,
+) -> _Planned:
+    """Validate one buffer's part of a write; nothing is written here.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> buf = torch.zeros(1, V4.page_bytes(64), dtype=torch.uint8)
+        >>> plan_write(V4, buf, torch.tensor([2]), torch.zeros(1, 1, 512), 64, what="key",
+        ...            owner="demo", check_finite=True, validate=True).rows.shape
+        torch.Size([1, 512])
+    """
+    if not isinstance(values, torch.Tensor):
+        msg = (
+            f"{owner}: the {what} to write must be a torch.Tensor, got {type(values).__name__}.\n"
+            f"Hint: pass a [n, heads, head_dim] (or [n, dim]) tensor of {what}s."
+        )
+        raise WriteError(msg)
+    if not validate:
+        return _Planned(spec, buf, values.reshape(values.shape[0], spec.dim), loc.long())
+    try:
+        rows, loc64 = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
+    except WriteError as exc:
+        msg = f"{owner}: writing the {what}: {exc}"
+        raise WriteError(msg) from None
+    return _Planned(spec, buf, rows, loc64)
+
+
+def write_rows(
+    plans: Sequence[_Planned], page_size: int, *, fnuz: bool, check_finite: bool, impl: Impl
+) -> None:
+    """Quantize and store every validated part of a write (no further checks).
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> buf = torch.zeros(1, V4.page_bytes(64), dtype=torch.uint8)
+        >>> plan = plan_write(V4, buf, torch.tensor([2]), torch.ones(1, 512), 64, what="key",
+        ...                   owner="demo", check_finite=True, validate=True)
+        >>> write_rows([plan], 64, fnuz=False, check_finite=True, impl="auto")
+        >>> int(buf.count_nonzero()) > 0
+        True
+    """
+    kwargs = _codec_kwargs(impl)
+    if fnuz:
+        kwargs["fnuz"] = True
+    for plan in plans:
+        quantize(
+            plan.spec,
+            plan.rows,
+            plan.buf,
+            plan.loc,
+            page_size,
+            check_finite=check_finite,
+            validate=False,
+            **kwargs,
+        )
