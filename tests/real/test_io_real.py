@@ -165,7 +165,7 @@ def test_dsa_fp8_pool_reads_and_writes_the_656_byte_rows() -> None:
     assert (back[..., 512:] == key[..., 512:]).all(), "the bf16 rope part is stored exactly"
     err = (back[..., :512].float() - key[..., :512].float()).abs().max()
     assert err <= key[..., :512].float().abs().max() / 8
-    k, v = pool.read_kv(0, loc)
+    _, v = pool.read_kv(0, loc)
     assert v.shape == (2, 1, 512)
 
 
