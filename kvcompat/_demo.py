@@ -8,6 +8,7 @@ prints is computed from the pools at run time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -20,7 +21,10 @@ from kvcompat.testing import (
     ReferenceMLATokenToKVPool,
 )
 
-__all__ = ["build_demo_pools", "run_demo"]
+__all__ = ["build_demo_pools", "decode_attention", "run_demo"]
+
+LATENT = 512
+"""Every demo pool stores 512 values per token, so the same keys go into all three."""
 
 
 def build_demo_pools(device: str = "cpu") -> dict[str, Any]:
@@ -36,8 +40,8 @@ def build_demo_pools(device: str = "cpu") -> dict[str, Any]:
             size=256,
             page_size=16,
             dtype=torch.bfloat16,
-            head_num=8,
-            head_dim=64,
+            head_num=4,
+            head_dim=128,
             layer_num=2,
             device=device,
         ),
@@ -45,7 +49,7 @@ def build_demo_pools(device: str = "cpu") -> dict[str, Any]:
             size=256,
             page_size=16,
             dtype=torch.bfloat16,
-            kv_lora_rank=512,
+            kv_lora_rank=448,
             qk_rope_head_dim=64,
             layer_num=2,
             device=device,
@@ -58,6 +62,41 @@ def build_demo_pools(device: str = "cpu") -> dict[str, Any]:
             device=device,
         ),
     }
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of one decode query ``[q_heads, d]`` over ``[n, kv_heads, *]`` K/V.
+
+    KV heads are shared by groups of query heads (MQA/GQA); the key may be wider than the
+    query (the query covers its leading columns). Computed in fp32.
+
+    Example:
+        >>> import torch
+        >>> k = torch.eye(2).view(2, 1, 2)
+        >>> attention(torch.tensor([[0.0, 50.0]]), k, k)[0].round()
+        tensor([0., 1.])
+    """
+    group = query.shape[0] // key.shape[1]
+    k = key.float().repeat_interleave(group, dim=1)[..., : query.shape[1]]
+    v = value.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("hd,nhd->hn", query.float(), k) / math.sqrt(query.shape[1])
+    return torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v)
+
+
+def decode_attention(
+    pool: kvcompat.KVPoolProtocol, layer: int, loc: torch.Tensor, query: torch.Tensor
+) -> torch.Tensor:
+    """One generic decode step over any pool, written once against the key-first API.
+
+    Example:
+        >>> import torch, kvcompat
+        >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+        >>> pool = kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
+        >>> decode_attention(pool, 0, torch.tensor([1, 2]), torch.ones(4, 512)).shape
+        torch.Size([4, 512])
+    """
+    key, value = pool.read_kv(layer, loc)  # dense (dequantized) keys and values
+    return attention(query, key, value)
 
 
 def _outcome(call: Callable[[], object]) -> str:
@@ -164,6 +203,50 @@ def run_demo(out: TextIO, device: str = "cpu") -> int:
     print(
         "Every layer of every pool answered through the same code; on the DeepSeek-V4 pool\n"
         "the value is the packed key storage itself (shared), where the native call raises.",
+        file=out,
+    )
+    print("", file=out)
+    return _values_section(pools, out, device)
+
+
+def _values_section(pools: dict[str, Any], out: TextIO, device: str) -> int:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    n, q_heads = 96, 8
+    keys = torch.randn(n, LATENT, generator=gen).to(torch.bfloat16).to(device)
+    values = torch.randn(n, LATENT, generator=gen).to(torch.bfloat16).to(device)
+    query = torch.randn(q_heads, LATENT, generator=gen).to(device)
+    loc = (torch.randperm(200, generator=gen)[:n] + 1).to(device)
+    print("4. The same random keys written through kvcompat, read back, and one generic", file=out)
+    print(
+        f"   decode-attention step (written once) over {n} tokens, vs a dense reference:", file=out
+    )
+    print("     pool.write(layer, loc, keys[, values]); k, v = pool.read_kv(layer, loc)", file=out)
+    rows = [["pool", "layout", "key bytes/token", "max |read - written|", "max |attn - dense|"]]
+    for name, native in pools.items():
+        pool = kvcompat.adapt(native)
+        layer = pool.layer_ids[-1]
+        spec = pool.layout(layer).key
+        shape = (n, spec.heads, spec.dim // spec.heads)
+        k_in = keys.view(shape)
+        if pool.kind is kvcompat.PoolKind.SPLIT:
+            v_in = values.view(shape)
+            pool.write(layer, loc, k_in, v_in)
+            v_ref = v_in
+        else:
+            pool.write(layer, loc, k_in)  # the value lives inside the key row
+            v_ref = k_in[..., : pool.layout(layer).value_dim or shape[-1]]
+        back = pool.read(layer, loc)
+        read_err = (back.float() - k_in.float()).abs().max().item()
+        ours = decode_attention(pool, layer, loc, query[:, : spec.dim // spec.heads])
+        dense = attention(query[:, : spec.dim // spec.heads], k_in, v_ref)
+        attn_err = (ours - dense).abs().max().item()
+        rows.append(
+            [name, spec.name, str(spec.bytes_per_token), f"{read_err:.3g}", f"{attn_err:.3g}"]
+        )
+    _table(rows, out)
+    print(
+        "\nbf16 pools store the keys exactly; the DeepSeek-V4 V4 layout quantizes the 448\n"
+        "nope values to fp8 with one power-of-two scale per 64 values (rope stays bf16).",
         file=out,
     )
     return 0

@@ -30,3 +30,10 @@ def test_demo_command_runs() -> None:
     assert "single_kv  True" in out
     assert out.count(" yes") >= 6
     assert " NO" not in out
+    # part 4: exact round trips on bf16 pools, a small bounded error on the fp8 V4 layout
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert rows["MHA"][-2:] == ["0", "0"]
+    assert rows["MLA"][-2:] == ["0", "0"]
+    v4 = next(line.split() for line in out.splitlines() if " v4 " in line)
+    assert 0 < float(v4[-2]) < 0.5
+    assert 0 < float(v4[-1]) < 0.1

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from kvcompat.adapters._composite import CompositeAdapter
+from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._leaf import (
     IndexKeyAdapter,
     KeyOnlyAdapter,
@@ -31,6 +32,7 @@ __all__ = [
     "IndexKeyAdapter",
     "KeyOnlyAdapter",
     "LatentAdapter",
+    "LayerLayout",
     "LeafAdapter",
     "SingleKVAdapter",
     "SplitAdapter",
