@@ -41,11 +41,14 @@ from kvcompat._errors import (
 )
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind, SupportsGetKeyBuffer
 from kvcompat._registry import adapt, register_adapter, unregister_adapter
+from kvcompat.compat import CompatPool, compat
+from kvcompat.inspection import describe, memory_report, transfer_descriptors
 from kvcompat.adapters import sglang as _sglang_families  # noqa: F401  (installs the families)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompatPool",
     "KVCompatError",
     "KVPair",
     "KVPoolProtocol",
@@ -60,13 +63,17 @@ __all__ = [
     "__version__",
     "adapt",
     "adapters",
+    "compat",
+    "describe",
     "is_composite_pool",
     "is_key_only_pool",
     "is_latent_pool",
     "is_single_kv_pool",
     "is_split_kv_pool",
     "is_supported_pool",
+    "memory_report",
     "pool_kind",
     "register_adapter",
+    "transfer_descriptors",
     "unregister_adapter",
 ]

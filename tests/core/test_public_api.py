@@ -12,6 +12,7 @@ import kvcompat.adapters
 import kvcompat.testing
 
 PUBLIC = [
+    "CompatPool",
     "KVCompatError",
     "KVPair",
     "KVPoolProtocol",
@@ -26,14 +27,18 @@ PUBLIC = [
     "__version__",
     "adapt",
     "adapters",
+    "compat",
+    "describe",
     "is_composite_pool",
     "is_key_only_pool",
     "is_latent_pool",
     "is_single_kv_pool",
     "is_split_kv_pool",
     "is_supported_pool",
+    "memory_report",
     "pool_kind",
     "register_adapter",
+    "transfer_descriptors",
     "unregister_adapter",
 ]
 
