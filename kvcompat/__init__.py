@@ -41,9 +41,9 @@ from kvcompat._errors import (
 )
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind, SupportsGetKeyBuffer
 from kvcompat._registry import adapt, register_adapter, unregister_adapter
+from kvcompat.adapters import sglang as _sglang_families  # noqa: F401  (installs the families)
 from kvcompat.compat import CompatPool, compat
 from kvcompat.inspection import describe, memory_report, transfer_descriptors
-from kvcompat.adapters import sglang as _sglang_families  # noqa: F401  (installs the families)
 
 __version__ = "0.1.0"
 
