@@ -23,7 +23,7 @@ def test_inspect_prints_tree_and_memory_of_every_demo_pool() -> None:
         assert name in text
     assert "ReferenceDeepSeekV4SingleKVPool  packed_kv (single_kv pool)" in text
     assert "   kv_buffer[0]  packed_kv  layer 0  uint8[5, 37440]  182.8 KiB  cpu" in text
-    assert "kv_buffer[0][..., :512]  value" in text
+    assert "kv_buffer[0][..., :448]  value" in text
     assert text.count("Memory of ") == 3
 
 
