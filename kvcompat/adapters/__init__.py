@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._composite import CompositeAdapter
 from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._leaf import (
@@ -28,6 +29,7 @@ from kvcompat.adapters._leaf import (
 )
 
 __all__ = [
+    "AdapterBase",
     "CompositeAdapter",
     "IndexKeyAdapter",
     "KeyOnlyAdapter",

@@ -10,6 +10,7 @@ import torch
 
 from kvcompat._errors import LayoutError
 from kvcompat._protocol import Impl, KVPair, KVPoolProtocol, PoolKind
+from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
 from kvcompat.adapters._leaf import LeafAdapter
 
@@ -31,7 +32,7 @@ def _as_component(adapter: KVPoolProtocol, name: str) -> KVPoolProtocol:
     return adapter
 
 
-class CompositeAdapter:
+class CompositeAdapter(AdapterBase):
     """A pool made of named component pools, each itself a :class:`KVPoolProtocol`.
 
     ``route`` maps every served absolute layer id to the component holding that
@@ -299,18 +300,6 @@ class CompositeAdapter:
     # -- metadata ---------------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        """The native class name.
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import reference_swa_pool
-            >>> kvcompat.adapt(reference_swa_pool()).name
-            'ReferenceSWAKVPool'
-        """
-        return self._name
-
-    @property
     def components(self) -> Mapping[str, KVPoolProtocol]:
         """Component name -> adapter, in the native pool's order.
 
@@ -335,43 +324,6 @@ class CompositeAdapter:
         return tuple(self._route)
 
     @property
-    def size(self) -> int:
-        """Token capacity as the native composite reports it (``pool.size``).
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import reference_swa_pool
-            >>> kvcompat.adapt(reference_swa_pool()).size
-            64
-        """
-        return int(self._native.size)
-
-    @property
-    def page_size(self) -> int:
-        """Tokens per page of the native composite.
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import reference_swa_pool
-            >>> kvcompat.adapt(reference_swa_pool()).page_size
-            16
-        """
-        return int(self._native.page_size)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """Logical dtype of the native composite.
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import reference_swa_pool
-            >>> kvcompat.adapt(reference_swa_pool()).dtype
-            torch.bfloat16
-        """
-        dtype: torch.dtype = self._native.dtype
-        return dtype
-
-    @property
     def device(self) -> torch.device:
         """Device of the first component's storage.
 
@@ -384,19 +336,6 @@ class CompositeAdapter:
         for part in self._components.values():
             return part.device
         return torch.device(self._native.device)
-
-    @property
-    def native(self) -> Any:
-        """The wrapped native composite, unchanged.
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import reference_swa_pool
-            >>> native = reference_swa_pool()
-            >>> kvcompat.adapt(native).native is native
-            True
-        """
-        return self._native
 
     def __repr__(self) -> str:
         parts = ", ".join(

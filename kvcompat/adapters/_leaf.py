@@ -17,6 +17,7 @@ import torch
 
 from kvcompat._errors import LayoutError, NoValueBufferError, WriteError
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
+from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._io import (
     Impl,
     LayerLayout,
@@ -77,7 +78,7 @@ def default_slots(native: Any, buffers: Sequence[Any]) -> dict[int, int]:
     return {start + index: index for index in range(len(buffers))}
 
 
-class LeafAdapter:
+class LeafAdapter(AdapterBase):
     """Base of every leaf adapter; subclasses say where the buffers live.
 
     Subclasses set :attr:`kind`, :attr:`source_attr` (the native attribute
@@ -490,18 +491,6 @@ class LeafAdapter:
     # -- metadata ---------------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        """The native class name, or the component name inside a composite.
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)).name
-            'ReferenceMHATokenToKVPool'
-        """
-        return self._name
-
-    @property
     def layer_ids(self) -> tuple[int, ...]:
         """The absolute model layer ids this pool serves, ascending.
 
@@ -528,43 +517,6 @@ class LeafAdapter:
         return MappingProxyType(self._slots)
 
     @property
-    def size(self) -> int:
-        """Token capacity as the native pool reports it (``pool.size``).
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)).size
-            16
-        """
-        return int(self._native.size)
-
-    @property
-    def page_size(self) -> int:
-        """Tokens per page.
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=8)).page_size
-            8
-        """
-        return int(self._native.page_size)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """Logical element dtype (``float8_e4m3fn`` even when stored as ``uint8``).
-
-        Example:
-            >>> import torch, kvcompat
-            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
-            >>> kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64)).dtype
-            torch.float8_e4m3fn
-        """
-        dtype: torch.dtype = self._native.dtype
-        return dtype
-
-    @property
     def device(self) -> torch.device:
         """Device holding the storage.
 
@@ -577,19 +529,6 @@ class LeafAdapter:
         for key in self._keys.values():
             return key.device
         return torch.device(self._native.device)
-
-    @property
-    def native(self) -> Any:
-        """The wrapped native pool object, unchanged.
-
-        Example:
-            >>> import kvcompat
-            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
-            >>> native = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)
-            >>> kvcompat.adapt(native).native is native
-            True
-        """
-        return self._native
 
     @property
     def components(self) -> Mapping[str, KVPoolProtocol]:
