@@ -21,7 +21,13 @@ def _demo(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from kvcompat.inspection._cli import run_inspect
 
-    return run_inspect(sys.stdout, source=args.source, json=args.json)
+    return run_inspect(
+        sys.stdout,
+        source=args.source,
+        json=args.json,
+        sglang_class=args.sglang,
+        pool_args=args.pool_args,
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -64,6 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     inspect.add_argument("--source", default="demo", help="what to inspect (default: demo)")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.add_argument(
+        "--sglang",
+        metavar="CLASS",
+        help="build this SGLang pool class (e.g. MHATokenToKVPool) from KEY=VALUE arguments",
+    )
+    inspect.add_argument(
+        "pool_args", nargs="*", metavar="KEY=VALUE", help="constructor arguments for --sglang"
+    )
     inspect.set_defaults(run=_inspect)
     doctor = commands.add_parser(
         "doctor", help="environment: torch, triton, GPU, engines and the pool classes they define"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import inspect
 import json as _json
 import platform
 import re
@@ -32,20 +33,126 @@ from kvcompat._registry import Family
 from kvcompat.inspection._manifest import describe
 from kvcompat.inspection._memory import memory_report
 
-__all__ = ["KVCacheClass", "find_kvcache_classes", "run_doctor", "run_inspect"]
+__all__ = [
+    "KVCacheClass",
+    "build_sglang_pool",
+    "find_kvcache_classes",
+    "parse_pool_args",
+    "run_doctor",
+    "run_inspect",
+]
 
 _ENGINES = ("sglang", "vllm", "tensorrt-llm")
 _SOURCES = ("demo",)
 
 
-def run_inspect(out: TextIO, *, source: str = "demo", json: bool = False) -> int:
+_SGLANG_POOL_MODULES = (
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.swa_memory_pool",
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+)
+
+
+def _parse_value(text: str) -> Any:
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    dtype = getattr(torch, lowered.removeprefix("torch."), None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_pool_args(items: Sequence[str]) -> dict[str, Any]:
+    """Constructor arguments from ``KEY=VALUE`` strings (ints, floats, bools, dtypes, JSON).
+
+    Raises:
+        ValueError: an item without ``=``.
+
+    Example:
+        >>> from kvcompat.inspection._cli import parse_pool_args
+        >>> parse_pool_args(["size=64", "dtype=bfloat16", "ids=[0, 2]", "device=cpu"])
+        {'size': 64, 'dtype': torch.bfloat16, 'ids': [0, 2], 'device': 'cpu'}
+    """
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            msg = f"expected KEY=VALUE, got {item!r}; e.g. size=64 dtype=bfloat16 layer_num=2."
+            raise ValueError(msg)
+        parsed[key.strip()] = _parse_value(value)
+    return parsed
+
+
+def build_sglang_pool(class_name: str, kwargs: Mapping[str, Any]) -> Any:
+    """Import SGLang's pool class (by name or ``module.Class``) and construct it.
+
+    ``device="cpu"`` and ``enable_memory_saver=False`` are defaults. This imports
+    sglang, on purpose: the user asked for one of its pools.
+
+    Raises:
+        ValueError: the class cannot be found, or the constructor rejects the arguments.
+
+    Example:
+        >>> from kvcompat.inspection._cli import build_sglang_pool
+        >>> try:
+        ...     build_sglang_pool("nosuchpackage.Pool", {})
+        ... except ValueError as exc:
+        ...     print(str(exc).split(";")[0])
+        cannot import nosuchpackage (No module named 'nosuchpackage')
+    """
+    if "." in class_name:
+        module_names: tuple[str, ...] = (class_name.rsplit(".", 1)[0],)
+        name = class_name.rsplit(".", 1)[1]
+    else:
+        module_names, name = _SGLANG_POOL_MODULES, class_name
+    cls = None
+    for module_name in module_names:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            msg = f"cannot import {module_name} ({exc}); is SGLang installed?"
+            raise ValueError(msg) from None
+        cls = getattr(module, name, None)
+        if cls is not None:
+            break
+    if not isinstance(cls, type):
+        msg = f"no pool class {class_name!r} in {', '.join(module_names)}."
+        raise ValueError(msg)
+    arguments = {"device": "cpu", "enable_memory_saver": False, **kwargs}
+    try:
+        return cls(**arguments)
+    except Exception as exc:  # noqa: BLE001 - reported with the constructor's signature
+        msg = (
+            f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in arguments.items())}) failed: "
+            f"{type(exc).__name__}: {exc}\nits parameters: {inspect.signature(cls)}"
+        )
+        raise ValueError(msg) from None
+
+
+def run_inspect(
+    out: TextIO,
+    *,
+    source: str = "demo",
+    json: bool = False,
+    sglang_class: str | None = None,
+    pool_args: Sequence[str] = (),
+) -> int:
     """Print the manifest tree and memory report of each demo pool; returns the exit status.
 
     Args:
         out: where to print.
-        source: which pools to inspect; only ``"demo"`` (the reference MHA,
-            MLA and DeepSeek-V4 pools of ``kvcompat demo``) for now.
+        source: which pools to inspect; ``"demo"`` (the reference MHA, MLA and
+            DeepSeek-V4 pools of ``kvcompat demo``) unless ``sglang_class`` is given.
         json: print one JSON document instead of text.
+        sglang_class: an SGLang pool class (``MHATokenToKVPool`` or a dotted path)
+            to build from ``pool_args`` (``KEY=VALUE`` strings) and inspect.
+        pool_args: the constructor arguments of ``sglang_class``.
 
     Example:
         >>> import io, json
@@ -56,13 +163,21 @@ def run_inspect(out: TextIO, *, source: str = "demo", json: bool = False) -> int
         >>> sorted(json.loads(buf.getvalue())["pools"])
         ['DeepSeek-V4 single-KV', 'MHA', 'MLA']
     """
-    if source not in _SOURCES:
+    if sglang_class is not None:
+        try:
+            pools = {sglang_class: build_sglang_pool(sglang_class, parse_pool_args(pool_args))}
+        except ValueError as exc:
+            print(f"kvcompat inspect: {exc}", file=out)
+            return 2
+        source = "sglang"
+    elif source not in _SOURCES:
         print(
             f"kvcompat inspect: unknown source {source!r}; choose one of: {', '.join(_SOURCES)}.",
             file=out,
         )
         return 2
-    pools = build_demo_pools()
+    else:
+        pools = build_demo_pools()
     if json:
         document = {
             "source": source,
@@ -76,7 +191,13 @@ def run_inspect(out: TextIO, *, source: str = "demo", json: bool = False) -> int
         }
         print(_json.dumps(document, indent=2), file=out)
         return 0
-    print(f"kvcompat inspect: the {len(pools)} demo pools (reference pools, pure torch)", file=out)
+    if source == "sglang":
+        print(f"kvcompat inspect: an SGLang {sglang_class}", file=out)
+    else:
+        print(
+            f"kvcompat inspect: the {len(pools)} demo pools (reference pools, pure torch)",
+            file=out,
+        )
     for name, native in pools.items():
         manifest = describe(native)
         print("", file=out)
