@@ -1,13 +1,19 @@
 """The function-level seam an adapter calls: :func:`dequantize` and :func:`quantize`.
 
-Both are the pure-torch path ("torch twin"): validate, gather or encode, scatter. A
-kernel path can later take the same arguments and reuse :mod:`._addressing` and the
-spec's row codec for everything it does not fuse.
+Validation always runs here, in torch (``validate=True``). The work itself is either the
+pure-torch path ("torch twin": gather or encode, scatter) or one fused Triton kernel from
+:mod:`kvcompat.kernels`, which writes the same bytes; ``impl`` picks: ``"auto"`` (the
+default) takes the kernel for CUDA tensors when triton is installed and a kernel serves
+the call, the twin otherwise; ``"torch"`` and ``"triton"`` force one. Triton is imported
+only when a kernel is actually chosen.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -21,7 +27,10 @@ if TYPE_CHECKING:
 
     from kvcompat.layouts._spec import LayoutSpec
 
-__all__ = ["dequantize", "quantize"]
+__all__ = ["Impl", "dequantize", "quantize"]
+
+Impl = Literal["auto", "torch", "triton"]
+"""Which implementation runs a read or write: see :func:`dequantize`."""
 
 CPU_CHUNK_TOKENS = 4096
 """On CPU, tokens are encoded and decoded this many at a time, so that the fp32
@@ -46,6 +55,71 @@ def _resolve(layout: object, *, fnuz: bool) -> LayoutSpec:
     return spec
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+_LAUNCHERS: list[Any] = []
+
+
+def _launchers() -> Any:
+    """``kvcompat.kernels._launch`` (imports triton on first use; ImportError names pip)."""
+    if not _LAUNCHERS:
+        from kvcompat import kernels  # noqa: PLC0415 - keeps `import kvcompat` light
+
+        kernels.gather_dequantize  # noqa: B018 - raises the pip-install ImportError
+        _LAUNCHERS.append(importlib.import_module("kvcompat.kernels._launch"))
+    return _LAUNCHERS[0]
+
+
+def _use_kernel(
+    impl: object,
+    spec: LayoutSpec,
+    buf: object,
+    *,
+    write: bool,
+    fnuz: bool,
+    values_dtype: torch.dtype | None = None,
+) -> bool:
+    """Whether this call goes to a Triton kernel (``impl`` resolved)."""
+    if impl == "torch":
+        return False
+    if impl == "triton":
+        return True
+    if impl != "auto":
+        msg = f"impl must be 'auto', 'torch' or 'triton'; received {impl!r}."
+        raise ValueError(msg)
+    if not isinstance(buf, torch.Tensor) or buf.device.type != "cuda":
+        return False
+    if buf.data_ptr() % 16 or not _triton_installed():
+        return False
+    from kvcompat.kernels._plan import unsupported  # noqa: PLC0415 - keeps imports light
+
+    return unsupported(spec, write=write, fnuz=fnuz, values_dtype=values_dtype) is None
+
+
+def _check_out(spec: LayoutSpec, out: torch.Tensor, n: int, device: torch.device) -> None:
+    if (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != (n, spec.dim)
+        or out.dtype != spec.output_dtype
+        or out.device != device
+        or not out.is_contiguous()
+    ):
+        got = (
+            f"shape {list(out.shape)}, dtype {out.dtype}, device {out.device}, "
+            f"contiguous={out.is_contiguous()}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        msg = (
+            f"out must be a contiguous [{n}, {spec.dim}] {spec.output_dtype} tensor on "
+            f"{device} for layout {spec.name!r}; received {got}."
+        )
+        raise LayoutError(msg)
+
+
 def dequantize(
     layout: LayoutSpec | str | object,
     buf: torch.Tensor,
@@ -54,6 +128,8 @@ def dequantize(
     *,
     fnuz: bool = False,
     validate: bool = True,
+    impl: Impl = "auto",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Read tokens ``loc`` from a pool buffer and decode them to ``[n, dim]`` values.
 
@@ -66,15 +142,25 @@ def dequantize(
             layouts, but still checked to be a positive int).
         fnuz: read V4 bytes written by SGLang's ROCm e4m3fnuz store.
         validate: check ``buf`` and ``loc`` first (set False only after
-            :func:`check_read` on the same arguments).
+            :func:`check_read` on the same arguments). The check reads ``loc``'s range
+            back to the host, so a read inside CUDA-graph capture needs ``False``.
+        impl: ``"auto"`` (Triton kernel for CUDA tensors when triton is installed and a
+            kernel serves the layout, else the torch twin), ``"torch"`` or ``"triton"``
+            (CPU tensors only under ``TRITON_INTERPRET=1``). Both give the same bytes.
+        out: optional contiguous ``[n, layout.dim]`` tensor of ``layout.output_dtype`` to
+            write the result into (with ``impl="triton"`` and ``validate=False`` the read
+            then allocates nothing and can be captured in a CUDA graph).
 
     Returns:
-        A new ``[n, layout.dim]`` tensor of ``layout.output_dtype`` on ``buf``'s device:
-        bf16 for the DeepSeek-V4 and DSA layouts (bit-identical to SGLang's dequantizers),
-        the pool dtype for MHA and MLA rows.
+        ``out``, or a new ``[n, layout.dim]`` tensor of ``layout.output_dtype`` on
+        ``buf``'s device: bf16 for the DeepSeek-V4 and DSA layouts (bit-identical to
+        SGLang's dequantizers), the pool dtype for MHA and MLA rows.
 
     Raises:
-        LayoutError: bad buffer, page size or locations; ``fnuz`` on a layout without it.
+        LayoutError: bad buffer, page size, locations or ``out``; ``fnuz`` on a layout
+            without it.
+        NotImplementedError: ``impl="triton"`` where no kernel serves the call.
+        ImportError: ``impl="triton"`` without triton installed.
 
     Example:
         >>> import torch
@@ -86,7 +172,25 @@ def dequantize(
         tensor([1., 1.], dtype=torch.bfloat16)
     """
     spec = _resolve(layout, fnuz=fnuz)
-    loc64 = check_read(spec, buf, loc, page_size) if validate else loc.long()
+    kernel = _use_kernel(impl, spec, buf, write=False, fnuz=fnuz)
+    if validate:
+        loc = check_read(spec, buf, loc, page_size)
+    if out is not None:
+        _check_out(spec, out, int(loc.shape[0]), buf.device)
+    if kernel:
+        dense: torch.Tensor = _launchers().gather_dequantize(
+            spec, buf, loc, page_size, out=out, fnuz=fnuz
+        )
+        return dense
+    result = _dequantize_torch(spec, buf, loc.long(), page_size, fnuz=fnuz)
+    if out is None:
+        return result
+    return out.copy_(result)
+
+
+def _dequantize_torch(
+    spec: LayoutSpec, buf: torch.Tensor, loc64: torch.Tensor, page_size: int, *, fnuz: bool
+) -> torch.Tensor:
     parts = []
     for part in _chunks(loc64.numel(), buf.device):
         data, scale = gather_rows(spec, buf, loc64[part], page_size)
@@ -108,6 +212,7 @@ def quantize(
     fnuz: bool = False,
     check_finite: bool = True,
     validate: bool = True,
+    impl: Impl = "auto",
 ) -> None:
     """Encode ``values`` and write them, in place, as tokens ``loc`` of a pool buffer.
 
@@ -128,12 +233,18 @@ def quantize(
             layouts) with :class:`~kvcompat.WriteError`; with False they are encoded as
             SGLang's store would (documented per layout).
         validate: run :func:`check_write` first (set False only when the caller already
-            did, passing its normalised ``values`` and ``loc``).
+            did, passing its normalised ``values`` and ``loc``). The check reads values
+            back to the host, so a write inside CUDA-graph capture needs ``False``.
+        impl: ``"auto"`` (Triton kernel for CUDA tensors when triton is installed and a
+            kernel serves the call: bf16/fp16/fp32 values, not the fnuz V4 store; else
+            the torch twin), ``"torch"`` or ``"triton"``. Both write the same bytes.
 
     Raises:
         LayoutError: bad buffer or page size; ``fnuz`` on a layout without it.
         WriteError: bad locations (dtype, shape, device, range, duplicates) or values
             (dtype, shape, device, non-finite).
+        NotImplementedError: ``impl="triton"`` where no kernel serves the call.
+        ImportError: ``impl="triton"`` without triton installed.
 
     Example:
         >>> import torch
@@ -144,10 +255,16 @@ def quantize(
         [119, 119, 119, 119, 119, 119, 119, 0]
     """
     spec = _resolve(layout, fnuz=fnuz)
+    dtype = values.dtype if isinstance(values, torch.Tensor) else None
+    kernel = _use_kernel(impl, spec, buf, write=True, fnuz=fnuz, values_dtype=dtype)
     if validate:
-        rows, loc64 = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
+        rows, loc = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     else:
-        rows, loc64 = values.reshape(values.shape[0], spec.dim), loc.long()
+        rows = values.reshape(values.shape[0], spec.dim)
+    if kernel:
+        _launchers().quantize_scatter(spec, rows, buf, loc, page_size, fnuz=fnuz)
+        return
+    loc64 = loc.long()
     for part in _chunks(loc64.numel(), buf.device):
         data, scale = spec.codec.encode(spec, rows[part], fnuz=fnuz)
         scatter_rows(spec, buf, loc64[part], page_size, data, scale)

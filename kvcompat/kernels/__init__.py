@@ -1,0 +1,67 @@
+"""Triton kernels: gather-dequantize and quantize-scatter for every kvcompat layout.
+
+:func:`gather_dequantize` reads tokens of a pool buffer into dense ``[n, dim]`` values and
+:func:`quantize_scatter` writes dense values as tokens, byte for byte as the torch twins
+:func:`kvcompat.layouts.dequantize` / :func:`kvcompat.layouts.quantize` do, at close to
+copy bandwidth on a GPU. Most callers never import this package: those two functions
+pick the kernels by themselves (``impl="auto"``: Triton for CUDA tensors when triton is
+installed, the torch twin otherwise).
+
+Importing ``kvcompat.kernels`` does not import triton; the first use of a launcher does,
+and raises an ImportError naming ``pip install triton`` when it is missing.
+
+Example:
+    >>> import kvcompat.kernels as kernels
+    >>> kernels.is_available() in (True, False)
+    True
+    >>> sorted(kernels.__all__)
+    ['gather_dequantize', 'is_available', 'quantize_scatter']
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvcompat.kernels._launch import gather_dequantize, quantize_scatter
+
+__all__ = ["gather_dequantize", "is_available", "quantize_scatter"]
+
+_LAZY = frozenset({"gather_dequantize", "quantize_scatter"})
+
+
+def is_available() -> bool:
+    """Whether triton is installed (checked without importing it).
+
+    Example:
+        >>> from kvcompat.kernels import is_available
+        >>> isinstance(is_available(), bool)
+        True
+    """
+    return importlib.util.find_spec("triton") is not None
+
+
+def _launch_module() -> Any:
+    try:
+        return importlib.import_module("kvcompat.kernels._launch")
+    except ImportError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "triton":
+            raise
+        msg = (
+            "kvcompat's GPU kernels need triton, which is not installed. "
+            "Hint: pip install triton (or pip install 'kvcompat[triton]'), or use impl='torch'."
+        )
+        raise ImportError(msg, name="triton") from exc
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(_launch_module(), name)
+    msg = f"module 'kvcompat.kernels' has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

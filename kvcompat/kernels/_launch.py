@@ -1,0 +1,327 @@
+"""Public launchers of the Triton kernels (importing this module imports triton).
+
+The launchers check only what the host already knows (dtypes, shapes, devices,
+contiguity, alignment): they never read a device value, so they do not synchronise and,
+given a pre-allocated ``out``, can be captured in a CUDA graph. Location ranges, duplicate
+write locations and non-finite values are checked by :func:`kvcompat.layouts.dequantize`
+and :func:`kvcompat.layouts.quantize` (``validate=True``) before they call in here.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kvcompat._errors import LayoutError, WriteError
+from kvcompat.kernels import _triton as jit
+from kvcompat.kernels._config import LaunchSettings, launch_settings
+from kvcompat.kernels._plan import (
+    Plan,
+    cached_geometry,
+    chunk_words,
+    read_plan,
+    word_bytes,
+    write_plan,
+)
+from kvcompat.layouts._registry import get_layout
+from kvcompat.layouts._spec import LayoutSpec
+from kvcompat.layouts._validate import check_buffer, check_page_size
+
+__all__ = ["FORCE_SOFT", "INTERPRETED", "gather_dequantize", "quantize_scatter"]
+
+INTERPRETED: bool = type(jit._read_fp8_kernel).__name__ == "InterpretedFunction"
+"""Whether this process imported the kernels under ``TRITON_INTERPRET=1``."""
+
+FORCE_SOFT = False
+"""Use the pure-integer conversions on a GPU too (tests compare them with the hardware's)."""
+
+_ALIGN = 16
+_MAX_BLOCK_C = 512
+
+
+def _soft() -> bool:
+    return INTERPRETED or FORCE_SOFT
+
+
+def _spec(layout: LayoutSpec | str | object, *, fnuz: bool) -> LayoutSpec:
+    spec = get_layout(layout)
+    if fnuz and not spec.supports_fnuz:
+        msg = f"layout {spec.name!r} has no fnuz variant. Hint: drop fnuz=True."
+        raise LayoutError(msg)
+    return spec
+
+
+def _check_device(buf: torch.Tensor) -> None:
+    if buf.device.type == "cuda" or (buf.device.type == "cpu" and INTERPRETED):
+        return
+    if buf.device.type == "cpu":
+        msg = (
+            "the Triton kernels run on CPU tensors only under the Triton interpreter. "
+            "Hint: set TRITON_INTERPRET=1 before triton is first imported, or use "
+            "impl='torch' (or 'auto') for CPU tensors."
+        )
+    else:
+        msg = f"the Triton kernels need CUDA tensors; the buffer is on {buf.device}."
+    raise RuntimeError(msg)
+
+
+def _check_aligned(what: str, tensor: torch.Tensor, align: int) -> None:
+    if tensor.data_ptr() % align:
+        msg = (
+            f"{what} starts at an address that is not a multiple of {align} bytes. "
+            "Hint: pass the pool's own per-layer buffer (or a copy), or use impl='torch'."
+        )
+        raise NotImplementedError(msg)
+
+
+def _check_loc(loc: object, device: torch.device, error: type[ValueError]) -> torch.Tensor:
+    if not isinstance(loc, torch.Tensor) or loc.dim() != 1 or loc.dtype.is_floating_point:
+        got = (
+            f"shape {tuple(loc.shape)}, dtype {loc.dtype}"
+            if isinstance(loc, torch.Tensor)
+            else (type(loc).__name__)
+        )
+        msg = f"loc must be a 1-D integer tensor; received {got}."
+        raise error(msg)
+    if loc.device != device:
+        msg = f"loc is on {loc.device} but the buffer is on {device}."
+        raise error(msg)
+    if loc.dtype not in (torch.int32, torch.int64):
+        loc = loc.long()
+    return loc if loc.is_contiguous() else loc.contiguous()
+
+
+def _plan(result: Plan | str) -> Plan:
+    if isinstance(result, str):
+        msg = f"{result}. Hint: use impl='torch' (impl='auto' falls back to it by itself)."
+        raise NotImplementedError(msg)
+    return result
+
+
+def _raw(tensor: torch.Tensor) -> torch.Tensor:
+    """One-byte float tensors as uint8 (Triton has no pointer type for e4m3fnuz on NVIDIA)."""
+    if tensor.element_size() == 1 and tensor.dtype != torch.uint8:
+        return tensor.view(torch.uint8)
+    return tensor
+
+
+def _check_buf(spec: LayoutSpec, buf: object, page_size: object) -> dict[str, int]:
+    """Host-only buffer checks (fast path first); the page geometry on success."""
+    if type(page_size) is int and page_size > 0 and isinstance(buf, torch.Tensor):
+        geo = cached_geometry(spec, page_size)
+        rows = buf.shape[0] if buf.dim() else 0
+        if (
+            rows
+            and buf.is_contiguous()
+            and (buf.numel() // rows * buf.element_size() == geo["PAGE_BYTES"])
+        ):
+            if not buf.is_cuda:
+                _check_device(buf)
+            _check_aligned("buf", buf, _ALIGN)
+            return geo
+    size = check_page_size(spec, page_size)
+    check_buffer(spec, buf, size)  # raises with the full explanation
+    _check_device(buf)  # type: ignore[arg-type]
+    _check_aligned("buf", buf, _ALIGN)  # type: ignore[arg-type]
+    return cached_geometry(spec, size)
+
+
+_KWARGS: dict[tuple[int, LaunchSettings, int, bool], dict[str, object]] = {}
+
+
+def _kwargs(plan: Plan, settings: LaunchSettings, word: int = 0) -> dict[str, object]:
+    """The constexpr keyword arguments of a launch, memoised (they only depend on these)."""
+    soft = _soft()
+    key = (id(plan), settings, word, soft)
+    hit = _KWARGS.get(key)
+    if hit is None:
+        hit = {
+            "EVICT": "evict_first" if settings.evict_first else "",
+            "BLOCK_T": settings.block_tokens,
+            "num_warps": settings.num_warps,
+        }
+        constants = dict(plan.constants)
+        if plan.family in ("gather_rows", "scatter_rows"):
+            words = int(constants.pop("ROW_BYTES")) // word
+            block, tail = chunk_words(words)
+            constants.update(ROW_WORDS=words, WORD=word, BLOCK_C=block, TAIL_C=tail,
+                             GATHER=plan.family == "gather_rows")  # fmt: skip
+        else:
+            constants["SOFT"] = soft
+            if plan.family == "write_plain":
+                constants["BLOCK_C"] = min(
+                    triton.next_power_of_2(int(constants["DIM"])), _MAX_BLOCK_C
+                )
+        hit.update(constants)
+        _KWARGS[key] = hit
+        _PLANS_ALIVE.append(plan)  # keeps id(plan) from being reused
+    return hit
+
+
+_PLANS_ALIVE: list[Plan] = []
+
+
+def gather_dequantize(
+    spec: LayoutSpec | str | object,
+    buf: torch.Tensor,
+    loc: torch.Tensor,
+    page_size: int,
+    *,
+    out: torch.Tensor | None = None,
+    fnuz: bool = False,
+) -> torch.Tensor:
+    """Read tokens ``loc`` of a pool buffer into dense ``[n, dim]`` values (Triton).
+
+    Byte for byte what :func:`kvcompat.layouts.dequantize` (the torch twin) returns. The
+    locations are trusted: call :func:`kvcompat.layouts.check_read` first, or go through
+    ``dequantize(..., impl="triton")``, which does.
+
+    Args:
+        spec: a :class:`~kvcompat.layouts.LayoutSpec` or anything
+            :func:`~kvcompat.layouts.get_layout` accepts.
+        buf: the pool's per-layer buffer (contiguous, 16-byte aligned) on a CUDA device,
+            or on the CPU under ``TRITON_INTERPRET=1``.
+        loc: 1-D int32 or int64 token locations on ``buf``'s device (may repeat).
+        page_size: the pool's page size in tokens.
+        out: optional ``[n, spec.dim]`` contiguous tensor of ``spec.output_dtype`` to
+            write into (required for CUDA-graph capture, where nothing may allocate).
+        fnuz: read V4 bytes written by SGLang's ROCm e4m3fnuz store.
+
+    Returns:
+        ``out`` (or a new tensor) holding the decoded values.
+
+    Raises:
+        LayoutError: a buffer, page size, ``loc`` or ``out`` that does not fit.
+        NotImplementedError: no kernel serves this layout or buffer alignment.
+        RuntimeError: a CPU buffer without the Triton interpreter.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.kernels import gather_dequantize
+        >>> from kvcompat.layouts import V4
+        >>> if torch.cuda.is_available():  # doctest: +SKIP
+        ...     buf = torch.zeros(2, V4.page_bytes(64), dtype=torch.uint8, device="cuda")
+        ...     gather_dequantize(V4, buf, torch.tensor([3, 70], device="cuda"), 64).shape
+        torch.Size([2, 512])
+    """
+    spec = _spec(spec, fnuz=fnuz)
+    plan = _plan(read_plan(spec, fnuz=fnuz))
+    geo = _check_buf(spec, buf, page_size)
+    loc = _check_loc(loc, buf.device, LayoutError)
+    n = loc.shape[0]
+    if out is None:
+        out = torch.empty((n, spec.dim), dtype=spec.output_dtype, device=buf.device)
+    elif (
+        out.shape != (n, spec.dim)
+        or out.dtype != spec.output_dtype
+        or out.device != buf.device
+        or not out.is_contiguous()
+    ):
+        msg = (
+            f"out must be a contiguous [{n}, {spec.dim}] {spec.output_dtype} tensor on "
+            f"{buf.device}; received shape {list(out.shape)}, dtype {out.dtype}, device "
+            f"{out.device}, contiguous={out.is_contiguous()}."
+        )
+        raise LayoutError(msg)
+    if n == 0:
+        return out
+    settings = launch_settings(plan.family, None if INTERPRETED else n)
+    grid = (-(-n // settings.block_tokens),)
+    if plan.family == "gather_rows":
+        word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), out.data_ptr())
+        jit._copy_rows_kernel[grid](
+            _raw(buf), _raw(out), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+            **_kwargs(plan, settings, word),
+        )  # fmt: skip
+    elif plan.family == "read_fp4":
+        _check_aligned("out", out, 4)
+        jit._read_fp4_kernel[grid](out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings))
+    else:
+        jit._read_fp8_kernel[grid](out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings))
+    return out
+
+
+def quantize_scatter(
+    spec: LayoutSpec | str | object,
+    values: torch.Tensor,
+    buf: torch.Tensor,
+    loc: torch.Tensor,
+    page_size: int,
+    *,
+    fnuz: bool = False,
+) -> None:
+    """Encode ``values`` and write them, in place, as tokens ``loc`` of a pool buffer (Triton).
+
+    Byte for byte what :func:`kvcompat.layouts.quantize` (the torch twin) writes, and no
+    other byte of ``buf`` changes. ``loc`` is trusted to be in range and free of
+    duplicates, and ``values`` to be finite where that matters: call
+    :func:`kvcompat.layouts.check_write` first, or go through ``quantize(...,
+    impl="triton")``, which does.
+
+    Args:
+        spec: a :class:`~kvcompat.layouts.LayoutSpec` or anything
+            :func:`~kvcompat.layouts.get_layout` accepts.
+        values: ``[n, dim]`` (or ``[n, 1, dim]``, ``[n, heads, head_dim]``) bf16, fp16 or
+            fp32 values on ``buf``'s device.
+        buf: the pool's per-layer buffer (contiguous, 16-byte aligned), written in place.
+        loc: 1-D int32 or int64 distinct token locations on ``buf``'s device.
+        page_size: the pool's page size in tokens.
+        fnuz: the ROCm V4 flavour; no kernel writes it (raises NotImplementedError).
+
+    Raises:
+        LayoutError: a buffer or page size that does not fit.
+        WriteError: ``loc`` or ``values`` of the wrong kind, shape or device.
+        NotImplementedError: no kernel serves this layout, value dtype or alignment.
+        RuntimeError: a CPU buffer without the Triton interpreter.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.kernels import quantize_scatter
+        >>> from kvcompat.layouts import V41
+        >>> if torch.cuda.is_available():  # doctest: +SKIP
+        ...     buf = torch.zeros(1, V41.page_bytes(64), dtype=torch.uint8, device="cuda")
+        ...     values = torch.ones(2, 512, device="cuda")
+        ...     quantize_scatter(V41, values, buf, torch.tensor([0, 5], device="cuda"), 64)
+        ...     int(buf[0, 64 * 512 + 5 * 16])
+        119
+    """
+    spec = _spec(spec, fnuz=fnuz)
+    dtype = getattr(values, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        msg = f"values must be a torch.Tensor; received {type(values).__name__}."
+        raise WriteError(msg)
+    plan = _plan(write_plan(spec, dtype, fnuz=fnuz))
+    geo = _check_buf(spec, buf, page_size)
+    loc = _check_loc(loc, buf.device, WriteError)
+    n = loc.shape[0]
+    if values.numel() != n * spec.dim or values.device != buf.device:
+        msg = (
+            f"values must hold [{n}, {spec.dim}] elements on {buf.device}; received shape "
+            f"{list(values.shape)} on {values.device}."
+        )
+        raise WriteError(msg)
+    if n == 0:
+        return
+    rows = values if values.is_contiguous() else values.contiguous()
+    settings = launch_settings(plan.family, None if INTERPRETED else n)
+    grid = (-(-n // settings.block_tokens),)
+    if plan.family == "scatter_rows":
+        word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), rows.data_ptr())
+        jit._copy_rows_kernel[grid](
+            rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+            **_kwargs(plan, settings, word),
+        )  # fmt: skip
+    elif plan.family == "write_plain":
+        jit._write_plain_kernel[grid](
+            rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+            **_kwargs(plan, settings),
+        )  # fmt: skip
+    elif plan.family == "write_fp4":
+        _check_aligned("values", rows, 8)
+        jit._write_fp4_kernel[grid](
+            rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+        )
+    else:
+        jit._write_fp8_kernel[grid](
+            rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+        )

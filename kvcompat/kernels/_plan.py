@@ -1,0 +1,234 @@
+"""Which kernel serves a layout, with which compile-time constants (no triton import).
+
+:func:`read_plan` and :func:`write_plan` map a :class:`~kvcompat.layouts.LayoutSpec` and
+the call's arguments to a :class:`Plan` (kernel family and constants), or explain in one
+sentence why no kernel serves the call; :func:`unsupported` is that explanation alone,
+which lets ``impl="auto"`` fall back to the torch twin without importing triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvcompat.layouts._plain import PLAIN_CODEC
+from kvcompat.layouts._spec import Encoding
+from kvcompat.layouts.dsv4_uniform_fp8 import UNIFORM_FP8
+from kvcompat.layouts.dsv4_v4 import V4
+from kvcompat.layouts.dsv4_v41 import V41, V41_NEW
+from kvcompat.layouts.dsv4_v41_fp4 import V41_FP4, V41_FP4_NEW
+
+if TYPE_CHECKING:
+    from kvcompat.kernels._config import KernelFamily
+    from kvcompat.layouts._spec import LayoutSpec
+
+__all__ = [
+    "VALUE_DTYPES",
+    "Plan",
+    "cached_geometry",
+    "chunk_words",
+    "geometry",
+    "read_plan",
+    "unsupported",
+    "word_bytes",
+    "write_plan",
+]
+
+VALUE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""Value dtypes the write kernels load directly (others fall back to the torch twin);
+a value's index here is the kernels' ``IN_KIND``."""
+
+_PLAIN_OUT_KIND = {
+    Encoding.BF16: 0,
+    Encoding.FP16: 1,
+    Encoding.FP32: 2,
+    Encoding.E4M3FN: 3,
+    Encoding.E5M2: 4,
+    Encoding.E4M3FNUZ: 5,
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A kernel family and the compile-time constants of one layout's launch."""
+
+    family: KernelFamily
+    constants: dict[str, int | bool] = field(default_factory=dict)
+
+
+def geometry(spec: LayoutSpec, page_size: int) -> dict[str, int]:
+    """Page geometry constants shared by every kernel (token-major rows: pages of one)."""
+    per_row = spec.tokens_per_row(page_size)
+    data_stride, scale_base, scale_stride = spec.row_addressing(per_row)
+    return {
+        "PAGE": per_row,
+        "PAGE_BYTES": spec.page_bytes(per_row),
+        "DATA_STRIDE": data_stride,
+        "SCALE_BASE": scale_base,
+        "SCALE_STRIDE": scale_stride,
+    }
+
+
+def _is(spec: LayoutSpec, *candidates: LayoutSpec) -> bool:
+    return any(spec == candidate for candidate in candidates)
+
+
+def _is_dsa(spec: LayoutSpec) -> bool:
+    return (
+        not spec.paged
+        and spec.scale_encoding is Encoding.FP32
+        and spec.data_encoding is Encoding.E4M3FN
+        and spec.value_dim is not None
+    )
+
+
+def chunk_words(words: int, *, cap: int = 256) -> tuple[int, int]:
+    """``(block, tail)`` column blocks for rows of ``words`` words.
+
+    ``block`` is the largest power of two up to ``cap`` that fits the row, repeated while
+    it fits; ``tail`` is the power of two covering what is left (0 when nothing is).
+
+    Example:
+        >>> from kvcompat.kernels._plan import chunk_words
+        >>> chunk_words(144), chunk_words(256), chunk_words(5), chunk_words(4096 + 3)
+        ((128, 16), (256, 0), (4, 1), (256, 4))
+    """
+    block = min(1 << (max(words, 1).bit_length() - 1), cap)
+    rest = words % block
+    return block, (1 << (rest - 1).bit_length()) if rest else 0
+
+
+def word_bytes(row_bytes: int, *pointers: int) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing ``row_bytes`` and every address."""
+    for size in (8, 4, 2):
+        if row_bytes % size == 0 and all(p % size == 0 for p in pointers):
+            return size
+    return 1
+
+
+def _fp8_read_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
+    if _is(spec, V4):
+        return {"NQ": 448, "TILE": 64, "NT": 7, "NT_P2": 8, "SCALE_KIND": 1,
+                "SCALE_IN_ROW": 0, "NROPE": 64, "ROPE_OFF": 448}  # fmt: skip
+    if _is(spec, V41, V41_NEW):
+        return {"NQ": 512, "TILE": 32, "NT": 16, "NT_P2": 16, "SCALE_KIND": 2,
+                "SCALE_IN_ROW": 0, "NROPE": 0, "ROPE_OFF": 0}  # fmt: skip
+    if _is(spec, UNIFORM_FP8):
+        return {"NQ": 512, "TILE": 64, "NT": 8, "NT_P2": 8, "SCALE_KIND": 0,
+                "SCALE_IN_ROW": 0, "NROPE": 0, "ROPE_OFF": 0}  # fmt: skip
+    if _is_dsa(spec):
+        rank = int(spec.value_dim or 0)
+        tiles = rank // 128
+        return {"NQ": rank, "TILE": 128, "NT": tiles, "NT_P2": 1 << (tiles - 1).bit_length(),
+                "SCALE_KIND": 3, "SCALE_IN_ROW": rank, "NROPE": spec.rope_dim,
+                "ROPE_OFF": rank + 4 * tiles}  # fmt: skip
+    return None
+
+
+_READ_PLANS: dict[tuple[int, bool], tuple[LayoutSpec, Plan | str]] = {}
+_WRITE_PLANS: dict[tuple[int, torch.dtype, bool], tuple[LayoutSpec, Plan | str]] = {}
+_GEOMETRY: dict[tuple[int, int], tuple[LayoutSpec, dict[str, int]]] = {}
+
+
+def cached_geometry(spec: LayoutSpec, page_size: int) -> dict[str, int]:
+    """:func:`geometry`, memoised by spec identity (launches stay cheap on the host)."""
+    key = (id(spec), page_size)
+    hit = _GEOMETRY.get(key)
+    if hit is None or hit[0] is not spec:
+        hit = _GEOMETRY[key] = (spec, geometry(spec, page_size))
+    return hit[1]
+
+
+def read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
+    """The read kernel of ``spec``, or why there is none (memoised by spec identity).
+
+    Example:
+        >>> from kvcompat.kernels._plan import read_plan
+        >>> from kvcompat.layouts import V41_FP4_NEW
+        >>> read_plan(V41_FP4_NEW, fnuz=False).family
+        'read_fp4'
+    """
+    key = (id(spec), fnuz)
+    hit = _READ_PLANS.get(key)
+    if hit is None or hit[0] is not spec:
+        hit = _READ_PLANS[key] = (spec, _read_plan(spec, fnuz=fnuz))
+    return hit[1]
+
+
+def _read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
+    if spec.codec is PLAIN_CODEC:
+        return Plan("gather_rows", {"ROW_BYTES": spec.data_bytes})
+    if _is(spec, V41_FP4, V41_FP4_NEW):
+        return Plan("read_fp4")
+    constants = _fp8_read_constants(spec)
+    if constants is None:
+        return f"no kernel reads layout {spec.name!r}"
+    return Plan("read_fp8", {**constants, "OUT_DIM": spec.dim, "FNUZ": fnuz})
+
+
+def write_plan(spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool) -> Plan | str:
+    """The write kernel of ``spec`` for ``values_dtype`` values, or why there is none.
+
+    Memoised by spec identity.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.kernels._plan import write_plan
+        >>> from kvcompat.layouts import V4
+        >>> write_plan(V4, torch.bfloat16, fnuz=False).family
+        'write_fp8'
+        >>> write_plan(V4, torch.bfloat16, fnuz=True)
+        'the ROCm (fnuz=True) V4 store is only available as the torch twin'
+    """
+    key = (id(spec), values_dtype, fnuz)
+    hit = _WRITE_PLANS.get(key)
+    if hit is None or hit[0] is not spec:
+        hit = _WRITE_PLANS[key] = (spec, _write_plan(spec, values_dtype, fnuz=fnuz))
+    return hit[1]
+
+
+def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusal
+    spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool
+) -> Plan | str:
+    if values_dtype not in VALUE_DTYPES:
+        return f"the write kernels take bf16, fp16 or fp32 values, not {values_dtype}"
+    in_bf16 = values_dtype == torch.bfloat16
+    if spec.codec is PLAIN_CODEC and spec.output_dtype == values_dtype:
+        return Plan("scatter_rows", {"ROW_BYTES": spec.data_bytes})
+    if spec.codec is PLAIN_CODEC or _is(spec, UNIFORM_FP8):
+        esize = spec.data_encoding.bits // 8
+        return Plan(
+            "write_plain",
+            {"DIM": spec.dim, "ESIZE": esize, "OUT_KIND": _PLAIN_OUT_KIND[spec.data_encoding],
+             "IN_BF16": in_bf16},
+        )  # fmt: skip
+    if _is(spec, V41_FP4, V41_FP4_NEW):
+        return Plan("write_fp4", {"IN_KIND": VALUE_DTYPES.index(values_dtype)})
+    if _is(spec, V4) and fnuz:
+        return "the ROCm (fnuz=True) V4 store is only available as the torch twin"
+    constants = _fp8_read_constants(spec)
+    if constants is None:
+        return f"no kernel writes layout {spec.name!r}"
+    mode = {1: 0, 2: 1, 3: 2}[int(constants.pop("SCALE_KIND"))]
+    return Plan("write_fp8", {**constants, "MODE": mode, "IN_DIM": spec.dim, "IN_BF16": in_bf16})
+
+
+def unsupported(
+    spec: LayoutSpec, *, write: bool, fnuz: bool, values_dtype: torch.dtype | None = None
+) -> str | None:
+    """Why no kernel serves this read or write (None when one does).
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.kernels._plan import unsupported
+        >>> from kvcompat.layouts import V41
+        >>> unsupported(V41, write=True, fnuz=False, values_dtype=torch.float64)
+        'the write kernels take bf16, fp16 or fp32 values, not torch.float64'
+    """
+    if write:
+        plan = write_plan(spec, values_dtype or torch.float32, fnuz=fnuz)
+    else:
+        plan = read_plan(spec, fnuz=fnuz)
+    return plan if isinstance(plan, str) else None

@@ -1,0 +1,662 @@
+"""The private ``@triton.jit`` bodies of kvcompat's gather-dequantize / quantize-scatter.
+
+Every kernel takes a block of ``BLOCK_T`` tokens per program. It loads their locations,
+turns each into byte offsets of the token's data row and scale row with the layout's page
+geometry (all compile-time constants), and moves whole rows with wide, contiguous loads
+and stores; the value arithmetic is the layout's torch twin (``kvcompat.layouts``), done
+in fp32 exactly as the twin does it. Importing this module imports triton.
+
+Conversions come in two flavours, selected by the ``SOFT`` constexpr: the hardware one
+(``cvt`` instructions; what a GPU launch uses) and a pure-integer one that rounds exactly
+as the hardware does (what the CPU interpreter uses, because ``TRITON_INTERPRET=1`` rounds
+fp32 -> fp8 half away from zero and fp32 -> bf16 by truncation). The GPU tests run both on
+an H200 and compare them with the twins byte for byte.
+"""
+
+# Triton's conventions, not ours to change here: constexpr parameters are UPPER_CASE
+# (N803), jit functions take untyped tensors and return blocks (ANN001/ANN202), `x != x` is
+# the NaN test that works in every backend (PLR0124), constexpr branches must be statements
+# (SIM108), and a fused kernel body is one long run of block operations (PLR0915). mypy
+# cannot see through @triton.jit, which is untyped.
+# ruff: noqa: N803, ANN001, ANN202, PLR0124, SIM108, PLR0915
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@triton.jit
+def _token_offsets(
+    loc_ptr,
+    tok,
+    live,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+):
+    """Byte offsets (int64) of the data row and the scale row of tokens ``loc[tok]``.
+
+    The page geometry is passed at run time (Triton specialises integers divisible by 16,
+    which is all the alignment the wide loads need), so one compiled kernel serves every
+    page size of a layout.
+    """
+    loc = tl.load(loc_ptr + tok, mask=live, other=0).to(tl.int32)  # token ids fit in int32
+    page = loc // PAGE
+    slot = (loc - page * PAGE).to(tl.int64)
+    base = page.to(tl.int64) * PAGE_BYTES
+    return base + slot * DATA_STRIDE, base + SCALE_BASE + slot * SCALE_STRIDE
+
+
+@triton.jit
+def _word_ptr(ptr, WORD: tl.constexpr):
+    """``ptr`` reinterpreted as a pointer to ``WORD``-byte integers."""
+    if WORD == 8:
+        typed = ptr.to(tl.pointer_type(tl.int64))
+    elif WORD == 4:
+        typed = ptr.to(tl.pointer_type(tl.int32))
+    elif WORD == 2:
+        typed = ptr.to(tl.pointer_type(tl.int16))
+    else:
+        typed = ptr.to(tl.pointer_type(tl.uint8))
+    return typed
+
+
+@triton.jit
+def _bf16_bits(x, SOFT: tl.constexpr):
+    """fp32 -> bf16 bits (int16), round to nearest even, every NaN as ``0x7FFF``."""
+    if SOFT:
+        b = x.to(tl.int32, bitcast=True)
+        r = (b + (0x7FFF + ((b >> 16) & 1))) >> 16
+    else:
+        r = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+    r = tl.where(x != x, 0x7FFF, r)
+    return r.to(tl.int16)
+
+
+@triton.jit
+def _decode_e4m3(codes, FNUZ: tl.constexpr, SOFT: tl.constexpr):
+    """uint8 e4m3 codes (fn, or fnuz) -> fp32, exactly; NaN codes give NaN."""
+    if FNUZ or SOFT:
+        c = codes.to(tl.int32)
+        mag = c & 0x7F
+        exp = mag >> 3
+        man = mag & 7
+        if FNUZ:
+            normal = (((exp + 119) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+            sub = man.to(tl.float32) * 0.0009765625  # 2**-10
+            nan = c == 0x80
+        else:
+            normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+            sub = man.to(tl.float32) * 0.001953125  # 2**-9
+            nan = mag == 0x7F
+        value = tl.where(exp == 0, sub, normal)
+        bits = value.to(tl.int32, bitcast=True) | ((c >> 7) << 31)
+        value = tl.where(nan, float("nan"), bits.to(tl.float32, bitcast=True))
+    else:
+        value = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return value
+
+
+@triton.jit
+def _encode_fp8_soft(y, MAN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr):
+    """Round finite fp32 ``|y| <= max`` to an fp8 code (int32), nearest even, from the bits."""
+    shift: tl.constexpr = 23 - MAN
+    a = tl.abs(y)
+    ab = a.to(tl.int32, bitcast=True)
+    normal = ((ab + (((1 << (shift - 1)) - 1) + ((ab >> shift) & 1))) >> shift) - (
+        (127 - BIAS) << MAN
+    )
+    # Below the smallest normal the grid is uniform: round a / step to an integer (the
+    # magic-number add rounds to nearest even; the product is exact).
+    sub = ((a * (2.0 ** (BIAS - 1 + MAN)) + 8388608.0) - 8388608.0).to(tl.int32)
+    code = tl.where(a < 2.0 ** (1 - BIAS), sub, normal)
+    sign = (y.to(tl.int32, bitcast=True) >> 24) & 0x80
+    if FNUZ:  # no negative zero: a negative value that rounds to 0 is +0
+        sign = tl.where(code == 0, 0, sign)
+    return code | sign
+
+
+@triton.jit
+def _encode_e4m3(y, SOFT: tl.constexpr):
+    """Finite fp32 ``|y| <= 448`` -> e4m3fn code (uint8), round to nearest even."""
+    if SOFT:
+        code = _encode_fp8_soft(y, 3, 7, False).to(tl.uint8)
+    else:
+        code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return code
+
+
+@triton.jit
+def _encode_e4m3_sat(y, SOFT: tl.constexpr):
+    """fp32 -> e4m3fn code (uint8) as ``cvt.rn.satfinite`` converts.
+
+    +-inf and overflow become +-448 and NaN 0x7F (the hardware conversion does all of it).
+    """
+    if SOFT:
+        nan = y != y
+        clamped = tl.minimum(tl.maximum(tl.where(nan, 0.0, y), -448.0), 448.0)
+        code = tl.where(nan, 0x7F, _encode_fp8_soft(clamped, 3, 7, False)).to(tl.uint8)
+    else:
+        code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return code
+
+
+@triton.jit
+def _encode_e2m1(y, sign_of, SOFT: tl.constexpr):
+    """fp32 -> e2m1 code (int32 0..15) as ``cvt.rn.satfinite.e2m1x2.f32`` rounds.
+
+    Nearest, ties to even, saturating at 6; NaN becomes +6. The sign bit comes from
+    ``sign_of`` (the dividend: ``y = sign_of / s`` with ``s > 0`` has its sign, -0.0
+    included), kept on every value, zero included, but not on NaN.
+
+    The ``SOFT`` path rounds the fp32 bits; the hardware path (fewer integer operations,
+    which run at half rate on Hopper) rounds ``|y|`` on the grid of its binade: steps of
+    0.5 below 2, 1 below 4, 2 up to 6, each with one magic-number add (round to nearest
+    even), and ``min.f32`` maps NaN to 6 by itself.
+    """
+    if SOFT:
+        nan = y != y
+        mag = tl.where(nan, 6.0, tl.minimum(tl.abs(y), 6.0))
+        small = ((mag * 2.0 + 8388608.0) - 8388608.0).to(tl.int32)
+        mbits = mag.to(tl.int32, bitcast=True)
+        big = ((mbits + (0x1FFFFF + ((mbits >> 22) & 1))) >> 22) - 252
+        code = tl.where(mag < 1.0, small, big)
+    else:
+        mag = tl.minimum(tl.abs(y), 6.0)
+        low = mag < 2.0
+        mid = mag < 4.0
+        step = tl.where(low, 2.0, tl.where(mid, 1.0, 0.5))
+        base = tl.where(low, 0, tl.where(mid, 2, 4))
+        code = ((mag * step + 12582912.0).to(tl.int32, bitcast=True) & 7) + base
+    negative = (sign_of.to(tl.int32, bitcast=True) < 0) & (y == y)
+    return code | tl.where(negative, 8, 0)
+
+
+@triton.jit
+def _div_rn(x, s, r, SOFT: tl.constexpr):
+    """IEEE ``x / s`` (round to nearest even) for ``s`` in [2**-9, 448], ``r = fl(1 / s)``.
+
+    The hardware path does Markstein's correction instead of a full division: with ``r``
+    correctly rounded and ``q0 = fl(x * r)`` within an ulp of ``x / s``, the residual
+    ``x - q0 * s`` is exact in one fma and ``fl(q0 + residual * r)`` is the correctly
+    rounded quotient; non-finite ``q0`` (inf/NaN input, overflow) is already the answer.
+    """
+    if SOFT:
+        q = tl.math.div_rn(x, s)
+    else:
+        q0 = x * r
+        q1 = tl.fma(tl.fma(-q0, s, x), r, q0)
+        q = tl.where(tl.abs(q0) < float("inf"), q1, q0)
+    return q
+
+
+@triton.jit
+def _peak(x, SOFT: tl.constexpr):
+    """Max |x| over the last axis with NaN dropped, as CUDA's ``fmaxf`` reductions do.
+
+    Where every value is NaN: -1.0 on the ``SOFT`` path, the canonical NaN ``0x7FFFFFFF``
+    on the hardware path (``tl.max`` is ``max.f32``, which drops NaN operands).
+    """
+    if SOFT:
+        peak = tl.max(tl.where(x != x, -1.0, tl.abs(x)), axis=2)
+    else:
+        peak = tl.max(tl.abs(x), axis=2)
+    return peak
+
+
+# ----------------------------------------------------------------- plain rows (copies)
+
+
+@triton.jit
+def _copy_rows_kernel(
+    src_ptr,
+    dst_ptr,
+    loc_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    ROW_WORDS: tl.constexpr,
+    WORD: tl.constexpr,
+    GATHER: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    TAIL_C: tl.constexpr,
+    EVICT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Copy ``ROW_WORDS`` words per token: pool row -> dense row (GATHER) or back.
+
+    Full ``BLOCK_C``-word blocks first, then one ``TAIL_C``-word block (a power of two)
+    for the rest, so no lane idles on a masked-off column except in that tail.
+    """
+    src_ptr = _word_ptr(src_ptr, WORD)
+    dst_ptr = _word_ptr(dst_ptr, WORD)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    data_off, _ = _token_offsets(loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0)
+    pool_row = data_off // WORD
+    dense_row = tok * ROW_WORDS
+    main_end: tl.constexpr = ROW_WORDS // BLOCK_C * BLOCK_C
+    for c0 in tl.static_range(0, main_end, BLOCK_C):
+        col = c0 + tl.arange(0, BLOCK_C)
+        _copy_block(src_ptr, dst_ptr, pool_row, dense_row, col, live[:, None], GATHER, EVICT)
+    if TAIL_C > 0:
+        col = main_end + tl.arange(0, TAIL_C)
+        mask = live[:, None] & (col[None, :] < ROW_WORDS)
+        _copy_block(src_ptr, dst_ptr, pool_row, dense_row, col, mask, GATHER, EVICT)
+
+
+@triton.jit
+def _copy_block(src_ptr, dst_ptr, pool_row, dense_row, col, mask, GATHER: tl.constexpr,
+                EVICT: tl.constexpr):  # fmt: skip
+    if GATHER:
+        src, dst = pool_row, dense_row
+    else:
+        src, dst = dense_row, pool_row
+    words = tl.load(src_ptr + (src[:, None] + col[None, :]), mask=mask, eviction_policy=EVICT)
+    tl.store(dst_ptr + (dst[:, None] + col[None, :]), words, mask=mask)
+
+
+# -------------------------------------------------------------- e4m3 tiles: read
+
+
+@triton.jit
+def _read_fp8_kernel(
+    out_ptr,
+    buf_ptr,
+    loc_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+    NQ: tl.constexpr,
+    TILE: tl.constexpr,
+    NT: tl.constexpr,
+    NT_P2: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    SCALE_IN_ROW: tl.constexpr,
+    NROPE: tl.constexpr,
+    ROPE_OFF: tl.constexpr,
+    OUT_DIM: tl.constexpr,
+    FNUZ: tl.constexpr,
+    SOFT: tl.constexpr,
+    EVICT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Dequantize ``NQ`` e4m3 values in ``NT`` tiles of ``TILE`` (+ a bf16 rope) to bf16.
+
+    ``SCALE_KIND``: 0 no scale, 1 V4's ue8m0 (byte 0 reads 0), 2 V4.1's ue8m0 (byte 0 is
+    ``2**-127``, 255 NaN), 3 fp32 scales at byte ``SCALE_IN_ROW`` of the data row (DSA).
+    ``out_ptr`` is the bf16 output ``[n, OUT_DIM]``, stored as bits.
+    """
+    out_ptr = out_ptr.to(tl.pointer_type(tl.int16))
+    buf_u8 = _word_ptr(buf_ptr, 1)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    data_off, scale_off = _token_offsets(
+        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    )
+    tile = tl.arange(0, NT_P2)
+    col = tl.arange(0, TILE)
+    mask2 = live[:, None] & (tile[None, :] < NT)
+    mask3 = mask2[:, :, None]
+    within = tile[None, :, None] * TILE + col[None, None, :]
+    codes = tl.load(
+        buf_u8 + (data_off[:, None, None] + within), mask=mask3, other=0, eviction_policy=EVICT
+    )
+    values = _decode_e4m3(codes, FNUZ, SOFT)
+    if SCALE_KIND == 1 or SCALE_KIND == 2:  # noqa: PLR1714 - constexpr test
+        sbyte = tl.load(
+            buf_u8 + (scale_off[:, None] + tile[None, :]),
+            mask=mask2,
+            other=0,
+            eviction_policy=EVICT,
+        )
+        sbyte = sbyte.to(tl.int32)
+        sbits = sbyte << 23
+        if SCALE_KIND == 2:
+            sbits = tl.where(sbyte == 0, 0x00400000, tl.where(sbyte == 255, 0x7FC00000, sbits))
+        values = values * sbits.to(tl.float32, bitcast=True)[:, :, None]
+    elif SCALE_KIND == 3:
+        srow = (data_off + SCALE_IN_ROW) // 4
+        sbits = tl.load(
+            _word_ptr(buf_ptr, 4) + (srow[:, None] + tile[None, :]),
+            mask=mask2,
+            other=0,
+            eviction_policy=EVICT,
+        )
+        values = values * sbits.to(tl.float32, bitcast=True)[:, :, None]
+    dense = tok[:, None, None] * OUT_DIM + within
+    tl.store(out_ptr + dense, _bf16_bits(values, SOFT), mask=mask3)
+    if NROPE > 0:
+        r = tl.arange(0, NROPE)
+        rrow = (data_off + ROPE_OFF) // 2
+        rope = tl.load(
+            _word_ptr(buf_ptr, 2) + (rrow[:, None] + r[None, :]),
+            mask=live[:, None],
+            other=0,
+            eviction_policy=EVICT,
+        )
+        tl.store(out_ptr + (tok[:, None] * OUT_DIM + NQ + r[None, :]), rope, mask=live[:, None])
+
+
+# -------------------------------------------------------------- e4m3 tiles: write
+
+
+@triton.jit
+def _write_fp8_kernel(
+    values_ptr,
+    buf_ptr,
+    loc_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+    NQ: tl.constexpr,
+    TILE: tl.constexpr,
+    NT: tl.constexpr,
+    NT_P2: tl.constexpr,
+    MODE: tl.constexpr,
+    SCALE_IN_ROW: tl.constexpr,
+    NROPE: tl.constexpr,
+    ROPE_OFF: tl.constexpr,
+    IN_DIM: tl.constexpr,
+    IN_BF16: tl.constexpr,
+    SOFT: tl.constexpr,
+    EVICT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Quantize ``[n, IN_DIM]`` rows per ``TILE``-value tile to e4m3 and scatter them.
+
+    ``MODE``: 0 V4 (CUDA store: ue8m0 ceil of ``max(amax, 1e-4) / 448``, NaN -> +448),
+    1 V4.1 (ue8m0 from amax's bits, floor 114, NaN -> 0x7F), 2 DSA (fp32 scale
+    ``amax * fl(1/448)`` stored in the row, NaN -> +448). The rope tail (``NROPE``
+    values from column ``NQ``) is stored as bf16 at byte ``ROPE_OFF`` of the data row.
+    """
+    buf_u8 = _word_ptr(buf_ptr, 1)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    data_off, scale_off = _token_offsets(
+        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    )
+    tile = tl.arange(0, NT_P2)
+    col = tl.arange(0, TILE)
+    mask2 = live[:, None] & (tile[None, :] < NT)
+    mask3 = mask2[:, :, None]
+    within = tile[None, :, None] * TILE + col[None, None, :]
+    x = tl.load(
+        values_ptr + (tok[:, None, None] * IN_DIM + within),
+        mask=mask3,
+        other=0.0,
+        eviction_policy=EVICT,
+    )
+    x = x.to(tl.float32)
+    peak = _peak(x, SOFT)
+    if MODE == 2:
+        # An all-NaN tile: the canonical NaN 0x7FFFFFFF, as CUDA's fmaxf reduction gives.
+        nan_bits = tl.full((BLOCK_T, NT_P2), 0x7FFFFFFF, tl.int32).to(tl.float32, bitcast=True)
+        peak = tl.where(peak < 0, nan_bits, peak)
+        scale = peak * (1.0 / 448.0)  # Triton's `amax / 448`: a multiply by fl(1/448)
+        one = tl.full((BLOCK_T, NT_P2), 1.0, tl.float32)
+        inverse = tl.math.div_rn(one, scale)
+        y = x * inverse[:, :, None]
+        y = tl.where(y != y, 448.0, y)
+    else:
+        if MODE == 0:
+            # ceil2(max(amax, 1e-4) / 448) from the bits: 448 = 1.75 * 2**8 and 0x600000 is
+            # the mantissa of 1.75, so the quotient's power-of-two ceiling is exact here.
+            peak = tl.where(peak < 0, 0.0001, tl.maximum(peak, 0.0001))
+            pbits = peak.to(tl.int32, bitcast=True)
+            exponent = (pbits >> 23) - 8 + ((pbits & 0x7FFFFF) > 0x600000).to(tl.int32)
+            exponent = tl.where(peak == float("inf"), 255, exponent)
+        else:
+            pbits = tl.where(peak < 0, 0x7FFFFFFF, peak.to(tl.int32, bitcast=True))
+            exponent = (pbits >> 23) - 8 + ((pbits & 0x7FFFFF) > 0x600000).to(tl.int32)
+            exponent = tl.maximum(exponent, 114)
+        inverse = ((254 - exponent) << 23).to(tl.float32, bitcast=True)
+        y = x * inverse[:, :, None]
+        if MODE == 0:
+            y = tl.where(y != y, 448.0, y)
+    codes = _encode_e4m3_sat(y, SOFT)  # V4.1: NaN -> 0x7F; V4 and DSA have no NaN left
+    tl.store(buf_u8 + (data_off[:, None, None] + within), codes, mask=mask3)
+    if MODE == 2:
+        srow = (data_off + SCALE_IN_ROW) // 4
+        sbits = scale.to(tl.int32, bitcast=True)
+        tl.store(_word_ptr(buf_ptr, 4) + (srow[:, None] + tile[None, :]), sbits, mask=mask2)
+    else:
+        sbyte = exponent.to(tl.uint8)
+        tl.store(buf_u8 + (scale_off[:, None] + tile[None, :]), sbyte, mask=mask2)
+    if NROPE > 0:
+        r = tl.arange(0, NROPE)
+        rv = tl.load(
+            values_ptr + (tok[:, None] * IN_DIM + NQ + r[None, :]),
+            mask=live[:, None],
+            eviction_policy=EVICT,
+        )
+        if IN_BF16:
+            rbits = rv.to(tl.int16, bitcast=True)
+        else:
+            rbits = _bf16_bits(rv.to(tl.float32), SOFT)
+        rrow = (data_off + ROPE_OFF) // 2
+        tl.store(_word_ptr(buf_ptr, 2) + (rrow[:, None] + r[None, :]), rbits, mask=live[:, None])
+
+
+# -------------------------------------------------------------- e2m1 pairs (V41_FP4)
+
+
+@triton.jit
+def _read_fp4_kernel(
+    out_ptr,
+    buf_ptr,
+    loc_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+    SOFT: tl.constexpr,
+    EVICT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Dequantize 512 e2m1 values (32 tiles of 16, e4m3 scales) to bf16.
+
+    ``out_ptr`` is the bf16 output ``[n, 512]``, stored as one int32 word per data byte.
+    """
+    out_ptr = out_ptr.to(tl.pointer_type(tl.int32))
+    buf_u8 = _word_ptr(buf_ptr, 1)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    data_off, scale_off = _token_offsets(
+        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    )
+    tile = tl.arange(0, 32)
+    pair = tl.arange(0, 8)
+    mask3 = live[:, None, None]
+    within = tile[None, :, None] * 8 + pair[None, None, :]
+    packed = tl.load(
+        buf_u8 + (data_off[:, None, None] + within), mask=mask3, other=0, eviction_policy=EVICT
+    )
+    sc = tl.load(
+        buf_u8 + (scale_off[:, None] + tile[None, :]),
+        mask=live[:, None],
+        other=0,
+        eviction_policy=EVICT,
+    )
+    scale = _decode_e4m3(sc, False, SOFT)[:, :, None]
+    packed = packed.to(tl.int32)
+    if SOFT:
+        words = tl.zeros((BLOCK_T, 32, 8), tl.int32)
+        for half in tl.static_range(2):
+            code = (packed >> (4 * half)) & 0xF
+            m = code & 7
+            # fp32 bits of the magnitude: (m << 22) + 0x3F000000 is 1.0, 1.5, 2, 3, 4, 6
+            # for m = 2..7; m = 1 is 0.5 and m = 0 is 0.
+            bits = tl.where(m >= 2, (m << 22) + 0x3F000000, m * 0x3F000000)
+            bits = bits | ((code >> 3) << 31)
+            value = bits.to(tl.float32, bitcast=True) * scale
+            # The product has at most 6 significant bits and no subnormals: bf16 exactly.
+            vbits = (value.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
+            vbits = tl.where(value != value, 0x7FFF, vbits)
+            words = words | (vbits << (16 * half))
+    else:
+        # Fewer integer operations: a code's bits shifted into an fp32 (m << 22, the sign
+        # to bit 31) are e2m1's value times 2**-126 (codes 0 and 1 land on fp32 subnormals,
+        # which the GPU multiplies exactly), so two exact multiplies by 2**64 and
+        # scale * 2**62 give the product; cvt.rn.bf16 is then exact, NaN as 0x7FFF.
+        scaled = scale * 4.611686018427388e18  # 2**62
+        lo = (((packed & 7) << 22) | ((packed & 8) << 28)).to(tl.float32, bitcast=True)
+        hi = (((packed & 0x70) << 18) | ((packed & 0x80) << 24)).to(tl.float32, bitcast=True)
+        lo = (lo * 1.8446744073709552e19) * scaled  # 2**64
+        hi = (hi * 1.8446744073709552e19) * scaled
+        lo16 = lo.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        hi16 = hi.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+        words = lo16 | (hi16 << 16)
+    tl.store(out_ptr + (tok[:, None, None] * 256 + within), words, mask=mask3)
+
+
+@triton.jit
+def _load_pairs(words_ptr, offsets, mask, IN_KIND: tl.constexpr, EVICT: tl.constexpr):
+    """Load (even, odd) value pairs as one word each and split them into two fp32 tensors.
+
+    ``IN_KIND``: 0 bf16 (int32 words), 1 fp16 (int32 words), 2 fp32 (int64 words).
+    """
+    w = tl.load(words_ptr + offsets, mask=mask, other=0, eviction_policy=EVICT)
+    if IN_KIND == 0:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    elif IN_KIND == 1:
+        lo = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        lo = w.to(tl.int32).to(tl.float32, bitcast=True)
+        hi = (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _write_fp4_kernel(
+    values_ptr,
+    buf_ptr,
+    loc_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+    IN_KIND: tl.constexpr,
+    EVICT: tl.constexpr,
+    SOFT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Quantize ``[n, 512]`` rows to e2m1 codes with one e4m3 scale per 16 values.
+
+    The values are loaded as 256 words per token, each an (even, odd) pair.
+    """
+    words_ptr = _word_ptr(values_ptr, 8 if IN_KIND == 2 else 4)
+    buf_u8 = _word_ptr(buf_ptr, 1)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    data_off, scale_off = _token_offsets(
+        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    )
+    tile = tl.arange(0, 32)
+    pair = tl.arange(0, 8)
+    mask3 = live[:, None, None]
+    within = tile[None, :, None] * 8 + pair[None, None, :]
+    lo, hi = _load_pairs(words_ptr, tok[:, None, None] * 256 + within, mask3, IN_KIND, EVICT)
+    peak = tl.maximum(_peak(lo, SOFT), _peak(hi, SOFT))
+    six = tl.full((BLOCK_T, 32), 6.0, tl.float32)
+    quotient = tl.math.div_rn(peak, six)
+    # fminf(fmaxf(amax / 6, 2**-9), 448); fmaxf turns an all-NaN tile's NaN into 2**-9.
+    quotient = tl.where(peak < 0, 0.001953125, tl.maximum(quotient, 0.001953125))
+    quotient = tl.minimum(quotient, 448.0)
+    sc = _encode_e4m3(quotient, SOFT)
+    scale = _decode_e4m3(sc, False, SOFT)
+    inverse = tl.math.div_rn(tl.full((BLOCK_T, 32), 1.0, tl.float32), scale)
+    scale = tl.broadcast_to(scale[:, :, None], (BLOCK_T, 32, 8))
+    inverse = tl.broadcast_to(inverse[:, :, None], (BLOCK_T, 32, 8))
+    code_lo = _encode_e2m1(_div_rn(lo, scale, inverse, SOFT), lo, SOFT)
+    code_hi = _encode_e2m1(_div_rn(hi, scale, inverse, SOFT), hi, SOFT)
+    packed = (code_lo | (code_hi << 4)).to(tl.uint8)
+    tl.store(buf_u8 + (data_off[:, None, None] + within), packed, mask=mask3)
+    tl.store(buf_u8 + (scale_off[:, None] + tile[None, :]), sc, mask=live[:, None])
+
+
+# ------------------------------------------------------------------ plain rows: write
+
+
+@triton.jit
+def _write_plain_kernel(
+    values_ptr,
+    buf_ptr,
+    loc_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    DIM: tl.constexpr,
+    ESIZE: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    IN_BF16: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SOFT: tl.constexpr,
+    EVICT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Cast ``[n, DIM]`` values to the stored dtype and scatter the rows.
+
+    ``OUT_KIND``: 0 bf16, 1 fp16, 2 fp32, 3 e4m3fn, 4 e5m2, 5 e4m3fnuz, stored as
+    ``ESIZE``-byte integers.
+    """
+    dst_ptr = _word_ptr(buf_ptr, ESIZE)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    data_off, _ = _token_offsets(loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0)
+    pool_row = data_off // ESIZE
+    for c0 in tl.static_range(0, DIM, BLOCK_C):
+        col = c0 + tl.arange(0, BLOCK_C)
+        mask = live[:, None] & (col[None, :] < DIM)
+        x = tl.load(
+            values_ptr + (tok[:, None] * DIM + col[None, :]),
+            mask=mask,
+            other=0.0,
+            eviction_policy=EVICT,
+        )
+        if OUT_KIND == 0:
+            if IN_BF16:
+                stored = x.to(tl.int16, bitcast=True)
+            else:
+                stored = _bf16_bits(x.to(tl.float32), SOFT)
+        elif OUT_KIND == 1:
+            stored = x.to(tl.float32).to(tl.float16).to(tl.int16, bitcast=True)
+        elif OUT_KIND == 2:
+            stored = x.to(tl.float32).to(tl.int32, bitcast=True)
+        else:
+            xf = x.to(tl.float32)
+            nan = xf != xf
+            if OUT_KIND == 3:
+                stored = _encode_e4m3_sat(xf, SOFT)
+            elif OUT_KIND == 4:
+                y = tl.minimum(tl.maximum(tl.where(nan, 0.0, xf), -57344.0), 57344.0)
+                if SOFT:
+                    code = _encode_fp8_soft(y, 2, 15, False)
+                else:
+                    code = y.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.int32)
+                stored = tl.where(nan, 0x7F, code).to(tl.uint8)
+            else:
+                y = tl.minimum(tl.maximum(tl.where(nan, 0.0, xf), -240.0), 240.0)
+                code = _encode_fp8_soft(y, 3, 8, True)
+                stored = tl.where(nan, 0x80, code).to(tl.uint8)
+        tl.store(dst_ptr + (pool_row[:, None] + col[None, :]), stored, mask=mask)

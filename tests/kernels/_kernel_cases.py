@@ -1,0 +1,167 @@
+"""Shared cases of the kernel tests (CPU interpreter tier and GPU tier).
+
+Importing this module imports neither triton nor kvcompat.kernels' launchers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvcompat.layouts import (
+    DSA_FP8,
+    UNIFORM_FP8,
+    V4,
+    V41,
+    V41_FP4,
+    V41_FP4_NEW,
+    V41_NEW,
+    LayoutSpec,
+    dsa_fp8_layout,
+    mha_layout,
+    mla_layout,
+)
+
+DSV4_LAYOUTS: tuple[LayoutSpec, ...] = (V4, V41, V41_FP4, UNIFORM_FP8, V41_NEW, V41_FP4_NEW)
+ROW_LAYOUTS: tuple[LayoutSpec, ...] = (
+    DSA_FP8,
+    dsa_fp8_layout(256, 0),
+    dsa_fp8_layout(384, 64),
+    mha_layout(2, 8, torch.bfloat16),
+    mha_layout(8, 128, torch.bfloat16),
+    mha_layout(4, 16, torch.float8_e4m3fn),
+    mha_layout(1, 24, torch.float16),
+    mha_layout(2, 12, torch.float8_e4m3fnuz),
+    mla_layout(32, 16, torch.bfloat16),
+    mla_layout(512, 64, torch.bfloat16),
+    mla_layout(64, 0, torch.float8_e5m2),
+    mla_layout(16, 8, torch.float32),
+    mla_layout(3, 2, torch.float16),
+)
+ALL_LAYOUTS = DSV4_LAYOUTS + ROW_LAYOUTS
+SCALED_LAYOUTS = tuple(spec for spec in ALL_LAYOUTS if spec.scale_encoding is not None)
+VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def layout_id(spec: LayoutSpec) -> str:
+    return spec.name
+
+
+def per_row(spec: LayoutSpec, page_size: int) -> int:
+    return page_size if spec.paged else 1
+
+
+def make_buffer(
+    spec: LayoutSpec, page_size: int, rows: int, *, seed: int, device: str = "cpu"
+) -> torch.Tensor:
+    """Random bytes shaped as SGLang allocates ``spec``'s buffer (every byte value occurs)."""
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (rows, spec.page_bytes(per_row(spec, page_size))), generator=g)
+    raw = raw.to(torch.uint8)
+    if not spec.paged:
+        if spec.heads > 1:
+            raw = raw.view(rows, spec.heads, spec.data_bytes // spec.heads)
+        else:
+            raw = raw.view(rows, 1, spec.data_bytes)
+        raw = raw.view(spec.output_dtype)
+    return raw.to(device)
+
+
+def capacity(spec: LayoutSpec, buf: torch.Tensor, page_size: int) -> int:
+    return buf.shape[0] * per_row(spec, page_size)
+
+
+def edge_locs(spec: LayoutSpec, page_size: int, cap: int, *, seed: int, n: int) -> torch.Tensor:
+    """Distinct locations: page boundaries, the first and last token, then random ones."""
+    step = per_row(spec, page_size)
+    edges = {0, cap - 1}
+    for page in range(0, cap, step):
+        edges.update({page, min(page + step - 1, cap - 1)})
+    chosen = sorted(edges)[: n // 2]
+    g = torch.Generator().manual_seed(seed)
+    rest = [int(i) for i in torch.randperm(cap, generator=g) if int(i) not in set(chosen)]
+    picked = chosen + rest[: max(0, n - len(chosen))]
+    order = torch.randperm(len(picked), generator=g)
+    return torch.tensor(picked, dtype=torch.int64)[order]
+
+
+def tile_values(
+    spec: LayoutSpec, n: int, *, seed: int, low: int = -20, high: int = 10
+) -> torch.Tensor:
+    """fp32 ``[n, dim]`` values whose tiles have magnitudes ``2**low .. 2**high``."""
+    g = torch.Generator().manual_seed(seed)
+    tile = min(spec.tile_size, spec.dim)
+    tiles = -(-spec.dim // tile)
+    mags = torch.exp2(torch.randint(low, high + 1, (n, tiles, 1), generator=g).float())
+    values = (torch.randn(n, tiles, tile, generator=g) * mags).reshape(n, tiles * tile)
+    return values[:, : spec.dim].contiguous()
+
+
+def special_values(
+    spec: LayoutSpec, n: int, *, seed: int, dtype: torch.dtype, non_finite: bool
+) -> torch.Tensor:
+    """Random tiles plus zeros, e4m3/e2m1 ties, values below every floor, huge tiles."""
+    values = tile_values(spec, max(n, 12), seed=seed)
+    tile = min(spec.tile_size, spec.dim)
+    values[0, :tile] = 0.0
+    values[1, :tile] = torch.arange(tile).float() * 0.25 - 2.0  # ties
+    values[2, :tile] = 1e-6  # below every floor
+    values[8, :tile] = torch.arange(tile).float() * 0.0625 + 1.03125  # e4m3 ties after scaling
+    values[9, :] = 3.0e4  # large tiles (fp16-safe)
+    values[10, :tile] = -1e-30  # negatives that round to zero
+    limit = spec.unscaled_max
+    if dtype == torch.float16:
+        limit = min(limit or math.inf, 6.0e4)
+    if limit is not None:
+        values = values.clamp(-limit, limit)
+    if non_finite:
+        values[3, 3] = math.nan
+        values[4, 5] = math.inf
+        values[5, 1] = -math.inf
+        values[6, :] = math.nan
+        values[7, :16] = -math.nan
+    return values[:n].to(dtype)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8).reshape(-1)
+
+
+def writable_mask(
+    spec: LayoutSpec, buf: torch.Tensor, loc: list[int], page_size: int
+) -> torch.Tensor:
+    """Bytes a write of tokens ``loc`` may change, from the documented offsets."""
+    mask = torch.zeros(as_bytes(buf).numel(), dtype=torch.bool)
+    written_scale = spec.scale_bytes - spec.scale_pad
+    for token in loc:
+        data = spec.data_offset(token, page_size)
+        mask[data : data + spec.data_bytes] = True
+        scale = spec.scale_offset(token, page_size)
+        mask[scale : scale + written_scale] = True
+    return mask
+
+
+def exhaustive_rows(spec: LayoutSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, scale) uint8 rows in which every scale byte meets every data byte.
+
+    For the DeepSeek-V4 layouts with scale bytes (V4, V41, V41_FP4 and the ``_NEW``
+    twins): each (scale byte ``s``, block of data bytes ``b``) pair fills one tile, so all
+    256 x 256 combinations occur (for e2m1 each data byte holds two codes, so every code
+    meets every scale). The V4 rope and pad bytes are random.
+    """
+    written = spec.scale_bytes_written
+    tile_bytes = spec.tile_size * spec.data_encoding.bits // 8
+    blocks = 256 // tile_bytes
+    pairs = [(s, b) for s in range(256) for b in range(blocks)]
+    n = -(-len(pairs) // written)
+    g = torch.Generator().manual_seed(11)
+    data = torch.randint(0, 256, (n, spec.data_bytes), generator=g).to(torch.uint8)
+    scale = torch.randint(0, 256, (n, spec.scale_bytes), generator=g).to(torch.uint8)
+    for k in range(n * written):
+        token, tile = divmod(k, written)
+        s, b = pairs[k % len(pairs)]
+        start = tile * tile_bytes
+        data[token, start : start + tile_bytes] = torch.arange(tile_bytes) + b * tile_bytes
+        scale[token, tile] = s
+    return data, scale

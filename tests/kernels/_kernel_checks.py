@@ -1,0 +1,187 @@
+"""Kernel-vs-twin checks shared by the CPU interpreter tier and the GPU tier.
+
+Each function runs one comparison on ``device`` and asserts byte equality of uint8 views
+(``rtol=0, atol=0``): the Triton path (``impl="triton"``) against the torch twin
+(``impl="torch"``) on the same inputs. Importing this module does not import triton.
+"""
+
+from __future__ import annotations
+
+import torch
+from _kernel_cases import (
+    as_bytes,
+    capacity,
+    edge_locs,
+    exhaustive_rows,
+    make_buffer,
+    special_values,
+    tile_values,
+    writable_mask,
+)
+
+from kvcompat.layouts import LayoutSpec, dequantize, quantize
+from kvcompat.layouts._addressing import scatter_rows
+
+
+def _rows_for(spec: LayoutSpec, page_size: int, tokens: int) -> int:
+    return -(-tokens // page_size) if spec.paged else tokens
+
+
+def read_matches_twin(
+    spec: LayoutSpec, page_size: int, loc_dtype: torch.dtype, device: str, *, tokens: int = 40
+) -> None:
+    from kvcompat.kernels import gather_dequantize
+
+    rows = _rows_for(spec, page_size, tokens)
+    buf = make_buffer(spec, page_size, rows, seed=page_size, device=device)
+    cap = capacity(spec, buf, page_size)
+    loc = edge_locs(spec, page_size, cap, seed=1, n=min(cap, 24))
+    loc = torch.cat((loc, loc[:3])).to(device=device, dtype=loc_dtype)  # reads may repeat
+    before = buf.clone()
+    twin = dequantize(spec, buf, loc, page_size, impl="torch")
+    ours = dequantize(spec, buf, loc, page_size, impl="triton")
+    assert ours.dtype == twin.dtype
+    assert ours.shape == twin.shape == (loc.numel(), spec.dim)
+    assert torch.equal(as_bytes(ours), as_bytes(twin))
+    out = torch.empty_like(twin)
+    assert gather_dequantize(spec, buf, loc, page_size, out=out) is out
+    assert torch.equal(as_bytes(out), as_bytes(twin))
+    assert torch.equal(as_bytes(buf), as_bytes(before))
+    if spec.supports_fnuz:
+        twin = dequantize(spec, buf, loc, page_size, impl="torch", fnuz=True)
+        ours = dequantize(spec, buf, loc, page_size, impl="triton", fnuz=True)
+        assert torch.equal(as_bytes(ours), as_bytes(twin))
+
+
+def write_matches_twin(
+    spec: LayoutSpec,
+    page_size: int,
+    dtype: torch.dtype,
+    device: str,
+    *,
+    non_finite: bool = False,
+    loc_dtype: torch.dtype = torch.int64,
+    tokens: int = 40,
+) -> None:
+    rows = _rows_for(spec, page_size, tokens)
+    buf = make_buffer(spec, page_size, rows, seed=page_size + 1, device=device)
+    cap = capacity(spec, buf, page_size)
+    n = min(cap, 24)
+    loc = edge_locs(spec, page_size, cap, seed=2, n=n)
+    values = special_values(spec, n, seed=page_size, dtype=dtype, non_finite=non_finite)
+    values = values.to(device)
+    if spec.heads > 1:
+        values = values.view(n, spec.heads, spec.dim // spec.heads)
+    kept = values.clone()
+    theirs, ours = buf.clone(), buf.clone()
+    kwargs = {"check_finite": not non_finite}
+    quantize(spec, values, theirs, loc.to(device), page_size, impl="torch", **kwargs)
+    quantize(spec, values, ours, loc.to(device, loc_dtype), page_size, impl="triton", **kwargs)
+    diff = as_bytes(ours) != as_bytes(theirs)
+    assert not bool(diff.any()), (
+        f"{int(diff.sum())} bytes differ, first at {diff.nonzero()[:4].tolist()}"
+    )
+    outside = ~writable_mask(spec, buf, loc.tolist(), page_size).to(device)
+    assert torch.equal(as_bytes(ours)[outside], as_bytes(buf)[outside])
+    assert torch.equal(as_bytes(values), as_bytes(kept))  # values untouched
+
+
+def every_scale_meets_every_code(spec: LayoutSpec, device: str, *, page_size: int = 4) -> None:
+    data, scale = exhaustive_rows(spec)
+    n = data.shape[0]
+    buf = torch.zeros(-(-n // page_size), spec.page_bytes(page_size), dtype=torch.uint8)
+    loc = torch.randperm(n, generator=torch.Generator().manual_seed(3))
+    scatter_rows(spec, buf, loc, page_size, data, scale[:, : spec.scale_bytes_written])
+    buf, loc = buf.to(device), loc.to(device)
+    for fnuz in (False, True) if spec.supports_fnuz else (False,):
+        twin = dequantize(spec, buf, loc, page_size, impl="torch", fnuz=fnuz)
+        ours = dequantize(spec, buf, loc, page_size, impl="triton", fnuz=fnuz)
+        assert torch.equal(as_bytes(ours), as_bytes(twin))
+
+
+def dsa_scales_any_bits(spec: LayoutSpec, device: str) -> None:
+    """DSA rows whose fp32 scales are arbitrary bit patterns (NaN, inf, subnormal, 0)."""
+    n = 300
+    g = torch.Generator().manual_seed(5)
+    raw = torch.randint(0, 256, (n, spec.data_bytes), generator=g).to(torch.uint8)
+    tiles = (spec.value_dim or 0) // 128
+    specials = torch.tensor(
+        [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 1, 0x007FFFFF, 0x00800000,
+         0x3F800000, 0x7F7FFFFF], dtype=torch.int64,
+    )  # fmt: skip
+    words = torch.randint(0, 1 << 32, (n, tiles), generator=g, dtype=torch.int64)
+    words[: len(specials), 0] = specials
+    raw[:, spec.value_dim : spec.value_dim + 4 * tiles] = (
+        words.to(torch.int32).contiguous().view(torch.uint8).reshape(n, 4 * tiles)
+    )
+    buf = raw.view(n, 1, spec.data_bytes).to(device)
+    loc = torch.randperm(n, generator=g).to(device)
+    twin = dequantize(spec, buf, loc, 1, impl="torch")
+    ours = dequantize(spec, buf, loc, 1, impl="triton")
+    assert torch.equal(as_bytes(ours), as_bytes(twin))
+
+
+def rounding_grid(spec: LayoutSpec, device: str) -> None:
+    """Unscaled fp8 writes of every representable value, every midpoint and its neighbours."""
+    fp8 = (
+        spec.output_dtype
+        if spec.scale_encoding is None and spec.output_dtype.itemsize == 1
+        else (torch.float8_e4m3fn)
+    )
+    grid = torch.arange(256, dtype=torch.int64).to(torch.uint8).view(fp8).to(torch.float32)
+    grid = grid[torch.isfinite(grid)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    near = torch.cat((mids, torch.nextafter(mids, mids + 1), torch.nextafter(mids, mids - 1)))
+    values = torch.cat((grid, near, -near, torch.tensor([0.0, -0.0, 1e-30, -1e-30])))
+    values = values[values.abs() <= float(torch.finfo(fp8).max)]
+    dim = spec.dim
+    count = -(-values.numel() // dim)
+    padded = torch.zeros(count * dim)
+    padded[: values.numel()] = values
+    rows = padded.view(count, dim)
+    if spec.paged:
+        page_size = 2
+        buf = torch.zeros(-(-count // page_size), spec.page_bytes(page_size), dtype=torch.uint8)
+    else:
+        page_size = 1
+        buf = make_buffer(spec, 1, count, seed=0)
+    buf = buf.to(device)
+    loc = torch.randperm(count, generator=torch.Generator().manual_seed(1)).to(device)
+    theirs, ours = buf.clone(), buf.clone()
+    quantize(spec, rows.to(device), theirs, loc, page_size, impl="torch")
+    quantize(spec, rows.to(device), ours, loc, page_size, impl="triton")
+    assert torch.equal(as_bytes(ours), as_bytes(theirs))
+
+
+def empty_loc(spec: LayoutSpec, device: str) -> None:
+    page_size = 4
+    buf = make_buffer(spec, page_size, 2 if spec.paged else 8, seed=9, device=device)
+    before = buf.clone()
+    loc = torch.empty(0, dtype=torch.int64, device=device)
+    ours = dequantize(spec, buf, loc, page_size, impl="triton")
+    assert ours.shape == (0, spec.dim)
+    assert ours.dtype == spec.output_dtype
+    out = torch.empty(0, spec.dim, dtype=spec.output_dtype, device=device)
+    assert dequantize(spec, buf, loc, page_size, impl="triton", out=out) is out
+    values = torch.empty(0, spec.dim, dtype=torch.bfloat16, device=device)
+    quantize(spec, values, buf, loc, page_size, impl="triton")
+    assert torch.equal(as_bytes(buf), as_bytes(before))
+
+
+def roundtrip_random(
+    spec: LayoutSpec, page_size: int, loc: torch.Tensor, rows: int, seed: int, device: str
+) -> None:
+    """Hypothesis body: write at distinct ``loc`` then read back, kernel vs twin."""
+    buf = make_buffer(spec, page_size, rows, seed=seed, device=device)
+    values = tile_values(spec, loc.numel(), seed=seed, low=-8, high=6)
+    if spec.unscaled_max is not None:
+        values = values.clamp(-spec.unscaled_max, spec.unscaled_max)
+    values = values.to(device=device, dtype=torch.bfloat16)
+    loc = loc.to(device)
+    theirs, ours = buf.clone(), buf.clone()
+    quantize(spec, values, theirs, loc, page_size, impl="torch")
+    quantize(spec, values, ours, loc, page_size, impl="triton")
+    assert torch.equal(as_bytes(ours), as_bytes(theirs))
+    read_twin = dequantize(spec, ours, loc, page_size, impl="torch")
+    read_ours = dequantize(spec, ours, loc, page_size, impl="triton")
+    assert torch.equal(as_bytes(read_ours), as_bytes(read_twin))

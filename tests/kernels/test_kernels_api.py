@@ -1,0 +1,144 @@
+"""The kernels' public surface on a plain CPU process (no interpreter, no GPU).
+
+Lazy imports, the ImportError without triton, the seam's ``impl`` / ``out`` arguments on
+the torch path, the clear error for CPU tensors outside the interpreter, and the launch
+settings helper.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from _kernel_cases import as_bytes, make_buffer
+
+from kvcompat import LayoutError
+from kvcompat.kernels._config import DEFAULTS, OVERRIDES, LaunchSettings, launch_settings
+from kvcompat.kernels._plan import read_plan, unsupported, write_plan
+from kvcompat.layouts import (
+    DSA_FP8,
+    UNIFORM_FP8,
+    V4,
+    V41,
+    V41_FP4_NEW,
+    dequantize,
+    dsa_fp8_layout,
+    mha_layout,
+    mla_layout,
+    quantize,
+)
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=False
+    )
+
+
+def test_package_import_does_not_import_triton() -> None:
+    result = _run(
+        """
+        import sys
+        import kvcompat.kernels as k
+        from kvcompat.kernels import is_available
+        from kvcompat.layouts import dequantize, quantize
+        import torch
+        from kvcompat.layouts import V4
+        buf = torch.zeros(1, V4.page_bytes(4), dtype=torch.uint8)
+        dequantize(V4, buf, torch.tensor([1]), 4)          # auto on CPU: the twin
+        quantize(V4, torch.ones(1, 512), buf, torch.tensor([1]), 4)
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("triton", "sglang")))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_missing_triton_names_the_install_line() -> None:
+    result = _run(
+        """
+        import sys
+        sys.modules["triton"] = None  # as if triton were not installed
+        import kvcompat.kernels as k
+        assert k.is_available() in (True, False)
+        try:
+            k.gather_dequantize
+        except ImportError as exc:
+            print("IMPORT-ERROR", exc)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "IMPORT-ERROR" in result.stdout
+    assert "pip install triton" in result.stdout
+
+
+def test_unknown_attribute() -> None:
+    import kvcompat.kernels as kernels
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = kernels.nope
+    assert {"gather_dequantize", "quantize_scatter", "is_available"} <= set(dir(kernels))
+
+
+def test_cpu_tensors_need_the_interpreter() -> None:
+    pytest.importorskip("triton")
+    from kvcompat.kernels import _launch
+
+    if _launch.INTERPRETED:
+        pytest.skip("this process runs under TRITON_INTERPRET=1")
+    buf = make_buffer(V41, 4, 2, seed=0)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        dequantize(V41, buf, torch.tensor([1]), 4, impl="triton")
+
+
+def test_impl_is_checked() -> None:
+    buf = make_buffer(V41, 4, 2, seed=0)
+    with pytest.raises(ValueError, match="impl must be"):
+        dequantize(V41, buf, torch.tensor([1]), 4, impl="cuda")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="impl must be"):
+        quantize(V41, torch.ones(1, 512), buf, torch.tensor([1]), 4, impl="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("impl", ["auto", "torch"])
+def test_out_on_the_torch_path(impl: str) -> None:
+    buf = make_buffer(V4, 4, 2, seed=1)
+    loc = torch.tensor([0, 7, 7], dtype=torch.int32)
+    out = torch.empty(3, 512, dtype=torch.bfloat16)
+    assert dequantize(V4, buf, loc, 4, out=out, impl=impl) is out  # type: ignore[arg-type]
+    assert torch.equal(as_bytes(out), as_bytes(dequantize(V4, buf, loc, 4)))
+    with pytest.raises(LayoutError, match=r"out must be a contiguous \[3, 512\]"):
+        dequantize(V4, buf, loc, 4, out=torch.empty(3, 511, dtype=torch.bfloat16))
+    with pytest.raises(LayoutError, match="out must be"):
+        dequantize(V4, buf, loc, 4, out=torch.empty(512, 3, dtype=torch.bfloat16).t())
+
+
+def test_every_layout_has_kernels() -> None:
+    specs = [
+        *(V4, V41, V41_FP4_NEW, UNIFORM_FP8, DSA_FP8, dsa_fp8_layout(256, 0)),
+        *(mha_layout(2, 8, torch.float8_e4m3fnuz), mla_layout(512, 64, torch.bfloat16)),
+    ]
+    for spec in specs:
+        assert not isinstance(read_plan(spec, fnuz=False), str), spec
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            assert unsupported(spec, write=True, fnuz=False, values_dtype=dtype) is None, spec
+    assert write_plan(mla_layout(8, 0, torch.bfloat16), torch.bfloat16, fnuz=False).family == (
+        "scatter_rows"
+    )
+    assert write_plan(UNIFORM_FP8, torch.bfloat16, fnuz=False).family == "write_plain"
+    assert "fnuz" in str(unsupported(V4, write=True, fnuz=True, values_dtype=torch.bfloat16))
+    assert unsupported(V4, write=False, fnuz=True) is None
+
+
+def test_launch_settings_live_in_one_helper() -> None:
+    assert launch_settings("read_fp8") == DEFAULTS["read_fp8"]
+    OVERRIDES["read_fp8"] = LaunchSettings(block_tokens=2, num_warps=1)
+    try:
+        assert launch_settings("read_fp8").block_tokens == 2
+    finally:
+        del OVERRIDES["read_fp8"]
+    for settings in DEFAULTS.values():
+        assert settings.block_tokens & (settings.block_tokens - 1) == 0
+        assert settings.num_warps in (1, 2, 4, 8, 16)

@@ -1,0 +1,232 @@
+"""GPU tier: the Triton kernels against the torch twins on a CUDA device, byte for byte.
+
+What the CPU interpreter cannot show: the hardware conversions (``cvt`` to e4m3, e5m2 and
+bf16 with their real rounding), Triton's GPU code generation (vectorised loads, masks,
+multi-program tails), and CUDA-graph capture. Every check runs the kernels' hardware
+conversions; the main ones run the pure-integer ``SOFT`` conversions as well (the ones
+the CPU tier proves), so both are tied to the twins on the same GPU. Skipped without CUDA.
+Results of the last run are in docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from _kernel_cases import (
+    ALL_LAYOUTS,
+    DSV4_LAYOUTS,
+    ROW_LAYOUTS,
+    SCALED_LAYOUTS,
+    VALUE_DTYPES,
+    as_bytes,
+    layout_id,
+    make_buffer,
+    tile_values,
+)
+from _kernel_checks import (
+    dsa_scales_any_bits,
+    empty_loc,
+    every_scale_meets_every_code,
+    read_matches_twin,
+    rounding_grid,
+    roundtrip_random,
+    write_matches_twin,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcompat.layouts import (
+    DSA_FP8,
+    UNIFORM_FP8,
+    V4,
+    V41,
+    V41_FP4,
+    V41_FP4_NEW,
+    V41_NEW,
+    LayoutSpec,
+    dequantize,
+    mha_layout,
+    quantize,
+)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+DEVICE = "cuda"
+
+
+@pytest.fixture(params=[False, True], ids=["hw", "soft"])
+def soft(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Run a check with the hardware conversions, then with the pure-integer ones."""
+    from kvcompat.kernels import _launch
+
+    _launch.FORCE_SOFT = request.param
+    yield request.param
+    _launch.FORCE_SOFT = False
+
+
+def _cases(page_sizes: tuple[int, ...]) -> list[tuple[LayoutSpec, int]]:
+    return [(s, p) for s in DSV4_LAYOUTS for p in page_sizes] + [(s, 64) for s in ROW_LAYOUTS]
+
+
+def _ids(case: tuple[LayoutSpec, int]) -> str:
+    return f"{case[0].name}-P{case[1]}"
+
+
+@pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("case", _cases((3, 64, 256)), ids=_ids)
+def test_read_matches_twin(case: tuple[LayoutSpec, int], loc_dtype: torch.dtype) -> None:
+    spec, page_size = case
+    read_matches_twin(spec, page_size, loc_dtype, DEVICE, tokens=600)
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_read_matches_twin_soft(spec: LayoutSpec, soft: bool) -> None:
+    read_matches_twin(spec, 64, torch.int64, DEVICE, tokens=300)
+
+
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=str)
+@pytest.mark.parametrize("case", _cases((3, 64, 256)), ids=_ids)
+def test_write_matches_twin(case: tuple[LayoutSpec, int], dtype: torch.dtype) -> None:
+    spec, page_size = case
+    loc_dtype = torch.int32 if dtype == torch.float16 else torch.int64
+    write_matches_twin(spec, page_size, dtype, DEVICE, loc_dtype=loc_dtype, tokens=600)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_write_matches_twin_soft(spec: LayoutSpec, dtype: torch.dtype, soft: bool) -> None:
+    write_matches_twin(spec, 64, dtype, DEVICE, tokens=300)
+
+
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=str)
+@pytest.mark.parametrize("spec", SCALED_LAYOUTS, ids=layout_id)
+def test_non_finite_writes_follow_the_twin(
+    spec: LayoutSpec, dtype: torch.dtype, soft: bool
+) -> None:
+    write_matches_twin(spec, 4, dtype, DEVICE, non_finite=True)
+
+
+@pytest.mark.parametrize("spec", [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW], ids=layout_id)
+def test_every_scale_byte_meets_every_code(spec: LayoutSpec, soft: bool) -> None:
+    every_scale_meets_every_code(spec, DEVICE)
+
+
+def test_dsa_reads_any_fp32_scale(soft: bool) -> None:
+    dsa_scales_any_bits(DSA_FP8, DEVICE)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [UNIFORM_FP8, *(s for s in ROW_LAYOUTS if s.output_dtype.itemsize == 1)],
+    ids=layout_id,
+)
+def test_unscaled_fp8_rounding_grid(spec: LayoutSpec, soft: bool) -> None:
+    rounding_grid(spec, DEVICE)
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_empty_loc(spec: LayoutSpec) -> None:
+    empty_loc(spec, DEVICE)
+
+
+@settings(max_examples=30)
+@given(
+    index=st.integers(0, len(ALL_LAYOUTS) - 1),
+    page_size=st.integers(1, 6),
+    rows=st.integers(1, 5),
+    data=st.data(),
+)
+def test_random_distinct_locs_roundtrip(
+    index: int, page_size: int, rows: int, data: st.DataObject
+) -> None:
+    spec = ALL_LAYOUTS[index]
+    cap = rows * page_size if spec.paged else rows * 4
+    picked = data.draw(st.lists(st.integers(0, cap - 1), unique=True, max_size=12), label="loc")
+    loc = torch.tensor(picked, dtype=torch.int64)
+    rows_total = rows if spec.paged else cap
+    roundtrip_random(spec, page_size, loc, rows_total, seed=index + 7 * page_size, device=DEVICE)
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_many_tokens_many_programs(spec: LayoutSpec) -> None:
+    """100k random tokens of a page-64 pool (many programs, ragged tail), read and write."""
+    page_size, n = 64, 100_003
+    rows = -(-2 * n // page_size) if spec.paged else 2 * n
+    buf = make_buffer(spec, page_size, rows, seed=4, device=DEVICE)
+    cap = rows * (page_size if spec.paged else 1)
+    loc = torch.randperm(cap, device=DEVICE)[:n]
+    twin = dequantize(spec, buf, loc, page_size, impl="torch")
+    assert torch.equal(
+        as_bytes(dequantize(spec, buf, loc, page_size, impl="triton")), as_bytes(twin)
+    )
+    values = tile_values(spec, n, seed=3, low=-6, high=6)
+    if spec.unscaled_max is not None:
+        values = values.clamp(-spec.unscaled_max, spec.unscaled_max)
+    values = values.to(DEVICE, torch.bfloat16)
+    theirs, ours = buf.clone(), buf.clone()
+    quantize(spec, values, theirs, loc, page_size, impl="torch")
+    quantize(spec, values, ours, loc.int(), page_size, impl="triton")
+    assert torch.equal(as_bytes(ours), as_bytes(theirs))
+
+
+@pytest.mark.parametrize(
+    "spec", [V4, V41_NEW, V41_FP4, DSA_FP8, mha_layout(8, 128, torch.bfloat16)], ids=layout_id
+)
+def test_cuda_graph_capture_and_replay(spec: LayoutSpec) -> None:
+    """Read (with ``out``) and write (``validate=False``) captured once, replayed on new data."""
+    page_size, n = 64, 512
+    rows = 32 if spec.paged else 2048
+    buf = make_buffer(spec, page_size, rows, seed=8, device=DEVICE)
+    cap = rows * (page_size if spec.paged else 1)
+    read_loc = torch.randperm(cap, device=DEVICE)[:n]
+    write_loc = torch.randperm(cap, device=DEVICE)[:n]
+    values = torch.randn(n, spec.dim, device=DEVICE, dtype=torch.bfloat16)
+    out = torch.empty(n, spec.dim, dtype=spec.output_dtype, device=DEVICE)
+
+    def step() -> None:
+        dequantize(spec, buf, read_loc, page_size, impl="triton", validate=False, out=out)
+        quantize(spec, values, buf, write_loc, page_size, impl="triton", validate=False)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in range(3):
+        g = torch.Generator(device=DEVICE).manual_seed(seed)
+        read_loc.copy_(torch.randperm(cap, device=DEVICE, generator=g)[:n])
+        write_loc.copy_(torch.randperm(cap, device=DEVICE, generator=g)[:n])
+        values.copy_(torch.randn(n, spec.dim, device=DEVICE, generator=g).to(torch.bfloat16))
+        expected_buf = buf.clone()
+        expected_out = dequantize(spec, expected_buf, read_loc, page_size, impl="torch")
+        quantize(spec, values, expected_buf, write_loc, page_size, impl="torch")
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(as_bytes(out), as_bytes(expected_out))
+        assert torch.equal(as_bytes(buf), as_bytes(expected_buf))
+
+
+def _sglang_reader() -> Any:
+    try:
+        return importlib.import_module("sglang.kernels.ops.attention.dsv4.dequant_k_cache")
+    except Exception as exc:  # any import failure means "not runnable here"
+        pytest.skip(f"cannot import SGLang's V4 reader: {exc}")
+
+
+@pytest.mark.sglang
+def test_sglang_v4_reader_agrees() -> None:
+    dq = _sglang_reader()
+    buf = make_buffer(V4, 64, 64, seed=12, device=DEVICE)
+    loc = torch.randperm(64 * 64, device=DEVICE)[:3000]
+    theirs = dq.dequantize_k_cache_paged_dsv4(buf, loc, 64).reshape(-1, 512)
+    ours = dequantize(V4, buf, loc, 64, impl="triton")
+    # SGLang's kernel multiplies by exp2(byte - 127), which the GPU flushes to 0 for byte 0,
+    # as the twin does; every other byte is an exact power of two.
+    assert torch.equal(as_bytes(ours), as_bytes(theirs))
