@@ -1,0 +1,63 @@
+"""One launch of each kernel whose H200 target was missed, for Nsight Compute.
+
+Run under ncu on the GPU machine, e.g.:
+
+    ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section LaunchStats --section Occupancy --kernel-name regex:_kernel \
+        --launch-skip 5 --launch-count 6 python benchmarks/profile_kernels_gpu.py
+
+The first round of launches (5: one per case) warms Triton's cache and is skipped; the
+second round is profiled. Cases: V4 read and write, V41_NEW write, V41_FP4 write, and
+UNIFORM_FP8 read (a full-row reference near the copy limit), plus a plain copy_ of the V4
+read's byte volume.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcompat.kernels import gather_dequantize, quantize_scatter
+from kvcompat.layouts import UNIFORM_FP8, V4, V41_FP4, V41_NEW
+
+N = 1 << 20
+PAGE = 64
+
+
+def case(spec: object, write: bool, gen: torch.Generator) -> tuple[object, ...]:
+    pages = (2 * N) // PAGE + 1
+    buf = torch.zeros(pages, spec.page_bytes(PAGE), dtype=torch.uint8, device="cuda")  # type: ignore[attr-defined]
+    loc = torch.randperm(pages * PAGE, generator=gen, device="cpu")[:N].cuda()
+    values = torch.randn(N, 512, generator=gen).to(torch.bfloat16).cuda()
+    if write:
+        return (quantize_scatter, spec, values, buf, loc, PAGE)
+    quantize_scatter(spec, values, buf, loc, PAGE)
+    out = torch.empty(N, 512, dtype=torch.bfloat16, device="cuda")
+    return (gather_dequantize, spec, buf, loc, PAGE, out)
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    cases = [
+        case(V4, False, gen),
+        case(V4, True, gen),
+        case(V41_NEW, True, gen),
+        case(V41_FP4, True, gen),
+        case(UNIFORM_FP8, False, gen),
+    ]
+    for _round in range(2):
+        for fn, *args in cases:
+            if fn is gather_dequantize:
+                *head, out = args
+                fn(*head, out=out)  # type: ignore[operator]
+            else:
+                fn(*args)  # type: ignore[operator]
+        torch.cuda.synchronize()
+    src = torch.empty(N * (576 + 8 + 1024), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    print("profiled launches done")
+
+
+if __name__ == "__main__":
+    main()
