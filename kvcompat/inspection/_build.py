@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from kvcompat._errors import KVCompatError
 from kvcompat._protocol import KVPoolProtocol
 from kvcompat._registry import Family, family_of, qualified_name
 from kvcompat.adapters import (
@@ -58,15 +59,15 @@ __all__ = [
 # -- layout names ----------------------------------------------------------------------------
 
 
-def _layout_name(native: Any) -> str | None:  # noqa: PLR0911 -- one answer per layout family
-    """The byte-layout name of a native part (to be replaced by the layouts module).
+def _layout_name(native: Any) -> str | None:  # noqa: PLR0911, PLR0912 -- one answer per family
+    """The byte-layout name of a native part: the adapter's ``layout(l).key.name`` when it has one.
 
     Example:
         >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool, ReferenceMLATokenToKVPool
         >>> _layout_name(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
         'v4'
         >>> _layout_name(ReferenceMLATokenToKVPool(size=16, page_size=16))
-        'mla-latent'
+        'mla_512+64_bf16'
     """
     names = mro_names(type(native))
     family = family_of(native)
@@ -81,6 +82,14 @@ def _layout_name(native: Any) -> str | None:  # noqa: PLR0911 -- one answer per 
             f"c{r}:{_layout_name(pools[r]) if pools.get(r) is not None else main}" for r in ratios
         ]
         return ",".join([main, *extra])
+    if leaf is not None and not issubclass(leaf, IndexKeyAdapter):
+        # One source of truth: the layout the adapter reads and writes with.
+        try:
+            adapter = leaf(native)
+            if adapter.layer_ids:
+                return adapter.layout(adapter.layer_ids[0]).key.name
+        except KVCompatError:
+            pass  # no codec for this configuration: fall back to a descriptive name
     if "DeepSeekV4UniformFP8KVPool" in names:
         return "uniform_fp8"  # its kv_layout attribute still reads V4
     if leaf is not None and issubclass(leaf, SingleKVAdapter):

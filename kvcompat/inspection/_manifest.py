@@ -214,7 +214,7 @@ def describe(pool: Any) -> PoolManifest:
         >>> from kvcompat.testing import ReferenceMHATokenToKVPool
         >>> manifest = describe(ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=2))
         >>> manifest.role.value, manifest.kind.value, manifest.layer_ids, manifest.layout
-        ('key_value', 'split', (0, 1), 'mha-nhd')
+        ('key_value', 'split', (0, 1), 'mha_1x128_bf16')
         >>> print(*str(manifest).splitlines()[1:], sep="\n")
            k_buffer[0]  key  layer 0  bfloat16[32, 1, 128]  8.0 KiB  cpu
            k_buffer[1]  key  layer 1  bfloat16[32, 1, 128]  8.0 KiB  cpu

@@ -305,8 +305,9 @@ class PoolManifest:
         page_size: tokens per page of the part (rows per page for state pools).
         token_capacity: the native ``size``: tokens for main pools, compressed
             slots for compressed pools; None when the part has no such notion.
-        layout: the byte-layout name (``"mha-nhd"``, ``"mla-latent"``,
-            ``"dsa-fp8-656"``, ``"v4"``, ``"v41"``, ``"uniform_fp8"``,
+        layout: the byte-layout name the adapter reads and writes with
+            (``"mha_8x128_bf16"``, ``"mla_512+64_bf16"``, ``"dsa_fp8"``, ``"v4"``,
+            ``"v41"``, ``"uniform_fp8"``; descriptive names such as ``"mha-hnd"`` or
             ``"dsv4-indexer-fp8"``...), or None.
         tensors: the part's own tensors.
         children: the parts this part owns.
@@ -415,7 +416,7 @@ class PoolManifest:
             >>> from kvcompat.testing import ReferenceMHATokenToKVPool
             >>> print(describe(ReferenceMHATokenToKVPool(16, 16, layer_num=2)).header())
             ReferenceMHATokenToKVPool  key_value (split pool)  layers 0..1  page 16  capacity 16
-            layout mha-nhd
+            layout mha_1x128_bf16
         """
         parts = [self.name, self.role.value]
         if self.kind is not None and self.kind.value != self.role.value:

@@ -83,7 +83,7 @@ def test_mha_manifest() -> None:
     assert (manifest.role, manifest.kind, manifest.layout) == (
         Role.KEY_VALUE,
         kvcompat.PoolKind.SPLIT,
-        "mha-nhd",
+        "mha_2x8_bf16",
     )
     assert (manifest.page_size, manifest.token_capacity) == (16, 32)
     assert manifest.native_class == "kvcompat.testing._reference.ReferenceMHATokenToKVPool"
@@ -109,7 +109,7 @@ def test_mla_value_is_a_listed_view_of_the_latent() -> None:
     assert value.shape[-1] == 32
     assert value.data_ptr == latent.data_ptr
     assert not value.regions  # a view is never transferred on its own
-    assert manifest.layout == "mla-latent"
+    assert manifest.layout == "mla_32+16_bf16"
 
 
 def test_fp8_pools_show_the_stored_dtype() -> None:
