@@ -71,13 +71,20 @@ LAYOUTS: list[tuple[str, LayoutSpec]] = [
     ("mha 8x128 bf16", MHA),
     ("mla 512+64 bf16", MLA),
 ]
-SWEEP = [(2, 2), (4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
-SWEEP_CASES = [  # (family, layout, direction)
+SWEEP = [(1, 2), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4), (16, 8)]
+SWEEP_CASES = [  # (family, layout, direction); a family's last case picks its setting
+    ("read_fp8", V41, "read"),
+    ("read_fp8", UNIFORM_FP8, "read"),
+    ("read_fp8", DSA_FP8, "read"),
     ("read_fp8", V4, "read"),
     ("read_fp4", V41_FP4, "read"),
+    ("gather_rows", MLA, "read"),
     ("gather_rows", MHA, "read"),
+    ("write_fp8", V41, "write"),
+    ("write_fp8", V41_NEW, "write"),
+    ("write_fp8", DSA_FP8, "write"),
     ("write_fp8", V4, "write"),
-    ("write_fp4", V41_FP4, "write"),
+    ("write_fp4_pairs", V41_FP4, "write"),
     ("write_plain", UNIFORM_FP8, "write"),
     ("scatter_rows", MHA, "write"),
 ]

@@ -29,7 +29,8 @@ KernelFamily = Literal[
     "write_plain",  # a dtype cast per element (MHA, MLA, UNIFORM_FP8)
     "scatter_rows",  # plain rows write in the pool's own dtype: a word copy
     "write_fp8",  # per-tile scale then e4m3 (V4, V41, DSA)
-    "write_fp4",  # per-tile e4m3 scale then e2m1 (V41_FP4)
+    "write_fp4",  # per-tile e4m3 scale then e2m1 (V41_FP4), fp32 values or the interpreter
+    "write_fp4_pairs",  # the same from bf16 / fp16 pairs on a GPU (packed comparisons)
 ]
 
 
@@ -53,16 +54,19 @@ class LaunchSettings:
 
 
 DEFAULTS: dict[KernelFamily, LaunchSettings] = {
-    "gather_rows": LaunchSettings(block_tokens=2, num_warps=2),
-    "read_fp8": LaunchSettings(block_tokens=16, num_warps=8),
-    "read_fp4": LaunchSettings(block_tokens=8, num_warps=4),
+    "gather_rows": LaunchSettings(block_tokens=4, num_warps=4),
+    "read_fp8": LaunchSettings(block_tokens=2, num_warps=2),
+    "read_fp4": LaunchSettings(block_tokens=4, num_warps=2),
     "write_plain": LaunchSettings(block_tokens=2, num_warps=2),
     "scatter_rows": LaunchSettings(block_tokens=2, num_warps=2),
-    "write_fp8": LaunchSettings(block_tokens=4, num_warps=4),
+    "write_fp8": LaunchSettings(block_tokens=2, num_warps=2),
     "write_fp4": LaunchSettings(block_tokens=8, num_warps=4),
+    "write_fp4_pairs": LaunchSettings(block_tokens=4, num_warps=2),
 }
 """Per-family defaults: the winners of a sweep at 1M tokens on an H200 (GPU time from CUDA
-graph replay; see docs/kernels.md). ``evict_first`` helped no family there."""
+graph replay, ``benchmarks/bench_kernels_gpu.py --sweep``; see docs/kernels.md), taken over
+every layout a family serves (``gather_rows``: the best for both MHA and MLA rows).
+``evict_first`` helped no family there."""
 
 
 OVERRIDES: dict[KernelFamily, LaunchSettings] = {}

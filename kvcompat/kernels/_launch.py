@@ -303,7 +303,13 @@ def quantize_scatter(
     if n == 0:
         return
     rows = values if values.is_contiguous() else values.contiguous()
-    settings = launch_settings(plan.family, None if INTERPRETED else n)
+    family = plan.family
+    if family == "write_fp4":
+        if plan.constants["IN_KIND"] != 2 and not _soft():
+            family = "write_fp4_pairs"  # bf16 / fp16 on a GPU: the packed kernel
+        if rows.data_ptr() % 8:  # the FP4 kernels load value pairs as one word
+            rows = rows.clone()
+    settings = launch_settings(family, None if INTERPRETED else n)
     grid = (-(-n // settings.block_tokens),)
     if plan.family == "scatter_rows":
         word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), rows.data_ptr())
@@ -316,8 +322,11 @@ def quantize_scatter(
             rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
             **_kwargs(plan, settings),
         )  # fmt: skip
-    elif plan.family == "write_fp4":
-        _check_aligned("values", rows, 8)
+    elif family == "write_fp4_pairs":
+        jit._write_fp4_pairs_kernel[grid](
+            rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+        )
+    elif family == "write_fp4":
         jit._write_fp4_kernel[grid](
             rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
         )

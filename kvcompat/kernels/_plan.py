@@ -29,6 +29,7 @@ __all__ = [
     "Plan",
     "cached_geometry",
     "chunk_words",
+    "edge_span",
     "geometry",
     "read_plan",
     "unsupported",
@@ -212,7 +213,30 @@ def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusa
     if constants is None:
         return f"no kernel writes layout {spec.name!r}"
     mode = {1: 0, 2: 1, 3: 2}[int(constants.pop("SCALE_KIND"))]
-    return Plan("write_fp8", {**constants, "MODE": mode, "IN_DIM": spec.dim, "IN_BF16": in_bf16})
+    return Plan(
+        "write_fp8",
+        {**constants, "MODE": mode, "IN_DIM": spec.dim, "IN_BF16": in_bf16,
+         "SPAN": edge_span(spec)},
+    )  # fmt: skip
+
+
+def edge_span(spec: LayoutSpec) -> int:
+    """The bytes a token's write spans from its data offset if they can split a sector.
+
+    That is the contiguous span when it can start or end inside a 32-byte DRAM sector (the
+    write kernels then prefetch those edge sectors), else 0.
+
+    Example:
+        >>> from kvcompat.kernels._plan import edge_span
+        >>> from kvcompat.layouts import DSA_FP8, V4, V41_NEW
+        >>> edge_span(V41_NEW), edge_span(DSA_FP8), edge_span(V4)
+        (528, 656, 0)
+    """
+    span = spec.data_bytes
+    if spec.interleaved and spec.scale_bytes:
+        span += spec.scale_bytes_written
+    stride = spec.row_addressing(1)[0] if spec.interleaved or not spec.paged else span
+    return span if span % 32 or stride % 32 else 0
 
 
 def unsupported(

@@ -61,6 +61,7 @@ from kvcompat.layouts import (
     V41_FP4,
     V41_FP4_NEW,
     V41_NEW,
+    LayoutSpec,
     dequantize,
     quantize,
 )
@@ -190,3 +191,18 @@ def test_calls_no_kernel_serves_raise_or_fall_back() -> None:
     shifted = flat[8:].view(2, V41.page_bytes(4))  # 8-byte aligned, not 16
     with pytest.raises(NotImplementedError, match="16 bytes"):
         dequantize(V41, shifted, torch.tensor([0]), 4, impl="triton")
+
+
+@pytest.mark.parametrize("spec", [V41_FP4, V41_FP4_NEW], ids=layout_id)
+def test_fp4_write_of_unaligned_values(spec: LayoutSpec) -> None:
+    """Values starting 2 bytes past a word boundary (a view into a larger tensor) are
+    copied to an aligned buffer first; the bytes are the twin's."""
+    storage = torch.randn(3 * spec.dim + 1).to(torch.bfloat16)
+    values = storage[1:].view(3, spec.dim)
+    assert values.data_ptr() % 8
+    buf = make_buffer(spec, 4, 2, seed=9)
+    ours, twin = buf.clone(), buf.clone()
+    loc = torch.tensor([5, 0, 2])
+    quantize(spec, values, ours, loc, 4, impl="triton")
+    quantize(spec, values, twin, loc, 4, impl="torch")
+    assert torch.equal(as_bytes(ours), as_bytes(twin))

@@ -22,6 +22,7 @@ from kvcompat.layouts import (
     mha_layout,
     mla_layout,
 )
+from kvcompat.layouts._spec import Encoding
 
 DSV4_LAYOUTS: tuple[LayoutSpec, ...] = (V4, V41, V41_FP4, UNIFORM_FP8, V41_NEW, V41_FP4_NEW)
 ROW_LAYOUTS: tuple[LayoutSpec, ...] = (
@@ -102,8 +103,10 @@ def special_values(
     spec: LayoutSpec, n: int, *, seed: int, dtype: torch.dtype, non_finite: bool
 ) -> torch.Tensor:
     """Random tiles plus zeros, e4m3/e2m1 ties, values below every floor, huge tiles."""
-    values = tile_values(spec, max(n, 12), seed=seed)
+    values = tile_values(spec, max(n, 14), seed=seed)
     tile = min(spec.tile_size, spec.dim)
+    if spec.data_encoding is Encoding.E2M1X2:
+        values[11:14] = e2m1_ties(spec.dim, dtype).float()
     values[0, :tile] = 0.0
     values[1, :tile] = torch.arange(tile).float() * 0.25 - 2.0  # ties
     values[2, :tile] = 1e-6  # below every floor
@@ -122,6 +125,27 @@ def special_values(
         values[6, :] = math.nan
         values[7, :16] = -math.nan
     return values[:n].to(dtype)
+
+
+def e2m1_ties(dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Three ``[dim]`` rows of 16-value tiles on e2m1's rounding boundaries.
+
+    Each tile's amax is ``6 * s`` for an e4m3 value ``s`` (so its scale is ``s`` itself) and
+    it holds ``+-m * s`` for every midpoint ``m`` between e2m1 magnitudes (exact ties of
+    ``x / s``), then the same values one unit in the last place of ``dtype`` above and
+    below (the amax and a zero kept).
+    """
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    tiles = []
+    for t in range(dim // 16):
+        s = (1 + (t % 8) / 8) * 2.0 ** ((t % 16) - 8)
+        tiles.append(torch.cat([torch.tensor([6 * s]), mids * s, -mids * s, torch.zeros(1)]))
+    row = torch.cat(tiles).to(dtype)
+    bits = row.view(torch.int16 if dtype.itemsize == 2 else torch.int32)
+    step = torch.ones_like(bits)
+    step[::16] = 0
+    step[15::16] = 0
+    return torch.stack([row, (bits + step).view(dtype), (bits - step).view(dtype)])
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
