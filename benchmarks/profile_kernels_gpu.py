@@ -1,15 +1,18 @@
-"""One launch of each kernel whose H200 target was missed, for Nsight Compute.
+"""One launch of each kernel that had missed an H200 target, for Nsight Compute.
 
 Run under ncu on the GPU machine, e.g.:
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section LaunchStats --section Occupancy --kernel-name regex:_kernel \
-        --launch-skip 5 --launch-count 6 python benchmarks/profile_kernels_gpu.py
+        --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis \
+        --kernel-name regex:^_ --launch-skip 5 --launch-count 5 \
+        python benchmarks/profile_kernels_gpu.py
 
-The first round of launches (5: one per case) warms Triton's cache and is skipped; the
-second round is profiled. Cases: V4 read and write, V41_NEW write, V41_FP4 write, and
-UNIFORM_FP8 read (a full-row reference near the copy limit), plus a plain copy_ of the V4
-read's byte volume.
+Only kvcompat's kernels match ``^_``. Five of them run before the second round (the two
+stores that fill the read cases' pools, then the first round's V4 read, V4 write and
+V41_NEW write), so the profiled launches are, in order: the V41_FP4 write (the bf16
+pairs kernel), the UNIFORM_FP8 read (a full-row reference near the copy limit), the V4
+read, the V4 write and the V41_NEW write. A plain copy_ of the V4 read's byte volume
+follows, unprofiled.
 """
 
 from __future__ import annotations
