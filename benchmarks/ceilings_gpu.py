@@ -13,6 +13,11 @@ touch exactly the bytes the real kernel touches, in the same pattern, with no ar
 * V41_NEW write: 528-byte interleaved rows (which start or end mid-sector), with and
   without prefetching the edge sectors first.
 
+For V4 it also times the scale access with an L2 ``evict_last`` priority (the scale
+sectors, shared by neighbouring tokens, then stay in L2 for the rest of the launch) and
+measures what that leaves behind: the time to re-read an L2-resident 32 MiB working set
+right after the gather, with and without the hint.
+
 Same timing as ``bench_kernels_gpu.py`` (CUDA-graph replay of K calls after an L2 flush,
 median of ``--reps``), same GB/s accounting (each token's row and written scale bytes, the
 bf16 values, the 8-byte location)::
@@ -46,7 +51,8 @@ PAGE = bench.PAGE_SIZE
 @triton.jit
 def _gather_kernel(out_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE,
                    SCALE_STRIDE, ROW_WORDS: tl.constexpr, OUT_WORDS: tl.constexpr,
-                   SCALE: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+                   SCALE: tl.constexpr, BLOCK_T: tl.constexpr,
+                   SCALE_EVICT: tl.constexpr = ""):  # fmt: skip
     """``ROW_WORDS`` int32 of each row (plus one scale word) into a dense ``OUT_WORDS`` row."""
     src = buf_ptr.to(tl.pointer_type(tl.int32))
     dst = out_ptr.to(tl.pointer_type(tl.int32))
@@ -59,7 +65,7 @@ def _gather_kernel(out_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 
     words = tl.load(src + ((data_off // 4)[:, None] + col[None, :]), mask=live[:, None] & in_row,
                     other=0)  # fmt: skip
     if SCALE:
-        scale = tl.load(src + scale_off // 4, mask=live, other=0)
+        scale = tl.load(src + scale_off // 4, mask=live, other=0, eviction_policy=SCALE_EVICT)
         words = tl.where(in_row, words, scale[:, None])
     tl.store(dst + (tok[:, None] * OUT_WORDS + col[None, :]), words, mask=live[:, None])
 
@@ -67,7 +73,8 @@ def _gather_kernel(out_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 
 @triton.jit
 def _scatter_kernel(values_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE,
                     SCALE_STRIDE, ROW_WORDS: tl.constexpr, IN_WORDS: tl.constexpr,
-                    SCALE: tl.constexpr, SPAN: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+                    SCALE: tl.constexpr, SPAN: tl.constexpr, BLOCK_T: tl.constexpr,
+                    SCALE_EVICT: tl.constexpr = ""):  # fmt: skip
     """``IN_WORDS`` dense int32 in, ``ROW_WORDS`` out at the row, then the scale slot:
     ``SCALE`` 1 an 8-byte store, 2 an 8-byte read-modify-write keeping byte 7, 3 16 bytes.
     ``SPAN`` > 0 prefetches the row's edge sectors first (as the V41_NEW writer does)."""
@@ -89,7 +96,7 @@ def _scatter_kernel(values_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRI
     tl.store(buf32 + ((data_off // 4)[:, None] + col[None, :]), words ^ 0x5A5A,
              mask=live[:, None] & (col[None, :] < ROW_WORDS))  # fmt: skip
     if SCALE == 1:
-        tl.store(buf64 + scale_off // 8, tok, mask=live)
+        tl.store(buf64 + scale_off // 8, tok, mask=live, eviction_policy=SCALE_EVICT)
     elif SCALE == 2:
         tl.store(buf64 + scale_off // 8, (tok & 0xFFFFFFFFFFFF) | ((old >> 56) << 56), mask=live)
     elif SCALE == 3:
@@ -154,6 +161,18 @@ def main() -> int:
             "row 512": _launch(
                 _gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=128, OUT_WORDS=256, SCALE=False
             ),
+            "row 576 + scale, scale evict_last": _launch(
+                _gather_kernel,
+                out,
+                buf,
+                loc,
+                n,
+                *geo,
+                ROW_WORDS=144,
+                OUT_WORDS=256,
+                SCALE=True,
+                SCALE_EVICT="evict_last",
+            ),
         }
 
     _row(V4, n, k, reps, v4_read)
@@ -182,12 +201,55 @@ def main() -> int:
                     fns[label] = _launch(_scatter_kernel, v, buf, loc, n, *geo,
                                          ROW_WORDS=row_words, IN_WORDS=256, SCALE=scale,
                                          SPAN=span)  # fmt: skip
+            if spec is V4:
+                fns["row + 8 B scale, scale evict_last"] = _launch(
+                    _scatter_kernel,
+                    v,
+                    buf,
+                    loc,
+                    n,
+                    *geo,
+                    ROW_WORDS=row_words,
+                    IN_WORDS=256,
+                    SCALE=1,
+                    SPAN=0,
+                    SCALE_EVICT="evict_last",
+                )
             return fns
 
         _row(spec, n, k, reps, write)
         del buf
         torch.cuda.empty_cache()
+    _l2_after(n)
     return 0
+
+
+def _l2_after(n: int, mib: int = 32, reps: int = 21) -> None:
+    """What an L2 ``evict_last`` hint on the scale traffic leaves behind for the next kernel:
+    the time to re-read an L2-resident ``mib`` MiB working set right after a V4 gather."""
+    import statistics
+
+    buf = bench.pool(V4)
+    out = torch.empty(n, 512, dtype=torch.bfloat16, device="cuda")
+    loc = torch.randperm(bench.POOL_TOKENS, device="cuda")[:n]
+    geo = _geometry(V4)
+    work = torch.ones(mib << 18, device="cuda")
+    print(f"\n## re-reading a {mib} MiB L2-resident working set after a V4 gather (us)")
+    for label, evict in (("scale loads normal", ""), ("scale loads evict_last", "evict_last")):
+        gather = _launch(_gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=144, OUT_WORDS=256,
+                         SCALE=True, SCALE_EVICT=evict)  # fmt: skip
+        times = []
+        for _ in range(reps):
+            bench.flush_l2()
+            gather()
+            work.sum()  # brings the working set into L2
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            work.sum()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        print(f"{label}: {statistics.median(times):.1f}")
 
 
 if __name__ == "__main__":
