@@ -25,7 +25,12 @@ the kernel timed the same eager way: it adds the host cost of a Triton launch (a
 prints host and GPU microseconds per small call::
 
     PYTHONPATH=.device/kvlayouts/sgl:. python benchmarks/bench_kernels_gpu.py \\
-        [--sizes 4096 65536 1048576] [--reps 15] [--sweep] [--diag] [--json results.json]
+        [--sizes 4096 65536 1048576] [--reps 15] [--sweep] [--diag] [--json results.json] \\
+        [--sorted] [--layouts v4 v41_new ...]
+
+``--sorted`` takes the same random distinct tokens in ascending pool order (what a paged
+allocator hands out for a prefill): neighbouring tokens then share pages and scale
+sectors.
 """
 
 from __future__ import annotations
@@ -90,6 +95,8 @@ SWEEP_CASES = [  # (family, layout, direction); a family's last case picks its s
 ]
 
 _FLUSH: torch.Tensor | None = None
+SORTED = False
+"""``--sorted``: each location set in ascending pool order instead of random order."""
 
 
 def flush_l2() -> None:
@@ -205,6 +212,8 @@ def cases(spec: LayoutSpec, buf: torch.Tensor, n: int, direction: str,
 
     for _ in range(k):
         loc = torch.randperm(POOL_TOKENS, device="cuda")[:n]
+        if SORTED:
+            loc = loc.sort().values  # the same tokens, in pool order
         if direction == "read":
             out = torch.empty(n, spec.dim, dtype=spec.output_dtype, device="cuda")
             add(
@@ -339,7 +348,13 @@ def main() -> int:
     parser.add_argument("--diag", action="store_true")
     parser.add_argument("--layouts", nargs="*", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--sorted", action="store_true",
+        help="the same random tokens in pool order (as a paged allocator hands out a prefill)",
+    )  # fmt: skip
     args = parser.parse_args()
+    global SORTED  # noqa: PLW0603 - one switch for the whole run
+    SORTED = args.sorted
     import triton
 
     from kvcompat.kernels import _config
