@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kernels_gpu as bench
 
 from kvcompat.kernels._plan import geometry
-from kvcompat.kernels._triton import _prefetch_l2, _token_offsets
+from kvcompat.kernels._triton import _prefetch_edges, _token_block
 from kvcompat.layouts import V4, V41, V41_NEW, LayoutSpec, dequantize, quantize
 
 PAGE = bench.PAGE_SIZE
@@ -56,10 +56,8 @@ def _gather_kernel(out_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 
     """``ROW_WORDS`` int32 of each row (plus one scale word) into a dense ``OUT_WORDS`` row."""
     src = buf_ptr.to(tl.pointer_type(tl.int32))
     dst = out_ptr.to(tl.pointer_type(tl.int32))
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, scale_off = _token_offsets(loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE,
-                                         SCALE_BASE, SCALE_STRIDE)  # fmt: skip
+    tok, live, data_off, scale_off = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE,
+                                                  SCALE_BASE, SCALE_STRIDE, BLOCK_T)  # fmt: skip
     col = tl.arange(0, OUT_WORDS)
     in_row = col[None, :] < ROW_WORDS
     words = tl.load(src + ((data_off // 4)[:, None] + col[None, :]), mask=live[:, None] & in_row,
@@ -82,13 +80,10 @@ def _scatter_kernel(values_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRI
     buf8 = buf_ptr.to(tl.pointer_type(tl.uint8))
     buf32 = buf_ptr.to(tl.pointer_type(tl.int32))
     buf64 = buf_ptr.to(tl.pointer_type(tl.int64))
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, scale_off = _token_offsets(loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE,
-                                         SCALE_BASE, SCALE_STRIDE)  # fmt: skip
+    tok, live, data_off, scale_off = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE,
+                                                  SCALE_BASE, SCALE_STRIDE, BLOCK_T)  # fmt: skip
     if SPAN > 0:
-        _prefetch_l2(buf8 + data_off, live & ((data_off & 31) != 0))
-        _prefetch_l2(buf8 + (data_off + SPAN - 1), live & (((data_off + SPAN) & 31) != 0))
+        _prefetch_edges(buf8, data_off, live, SPAN)
     if SCALE == 2:
         old = tl.load(buf64 + scale_off // 8, mask=live, other=0)
     col = tl.arange(0, IN_WORDS)

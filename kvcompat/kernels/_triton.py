@@ -54,6 +54,30 @@ def _token_offsets(
 
 
 @triton.jit
+def _token_block(
+    loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T: tl.constexpr
+):
+    """This program's ``BLOCK_T`` token indices, which of them exist, and their row offsets.
+
+    Returns ``(tok, live, data_off, scale_off)`` (see :func:`_token_offsets`).
+    """
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    data_off, scale_off = _token_offsets(
+        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    )
+    return tok, live, data_off, scale_off
+
+
+@triton.jit
+def _fp4_block(live):
+    """V41_FP4's ``[32 tiles x 8]`` grid of code-pair bytes: ``(tile, mask3, within)``."""
+    tile = tl.arange(0, 32)
+    pair = tl.arange(0, 8)
+    return tile, live[:, None, None], tile[None, :, None] * 8 + pair[None, None, :]
+
+
+@triton.jit
 def _word_ptr(ptr, WORD: tl.constexpr):
     """``ptr`` reinterpreted as a pointer to ``WORD``-byte integers."""
     if WORD == 8:
@@ -231,6 +255,16 @@ def _prefetch_l2(ptr, pred):
     )
 
 
+@triton.jit
+def _prefetch_edges(buf_u8, data_off, live, SPAN: tl.constexpr):
+    """Prefetch the edge sectors of each token's ``SPAN``-byte span that it only partly covers.
+
+    See :func:`_prefetch_l2`.
+    """
+    _prefetch_l2(buf_u8 + data_off, live & ((data_off & 31) != 0))
+    _prefetch_l2(buf_u8 + (data_off + SPAN - 1), live & (((data_off + SPAN) & 31) != 0))
+
+
 # ----------------------------------------------------------------- plain rows (copies)
 
 
@@ -258,9 +292,7 @@ def _copy_rows_kernel(
     """
     src_ptr = _word_ptr(src_ptr, WORD)
     dst_ptr = _word_ptr(dst_ptr, WORD)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, _ = _token_offsets(loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0)
+    tok, live, data_off, _ = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T)
     pool_row = data_off // WORD
     dense_row = tok * ROW_WORDS
     main_end: tl.constexpr = ROW_WORDS // BLOCK_C * BLOCK_C
@@ -320,10 +352,8 @@ def _read_fp8_kernel(
     """
     out_ptr = out_ptr.to(tl.pointer_type(tl.int16))
     buf_u8 = _word_ptr(buf_ptr, 1)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, scale_off = _token_offsets(
-        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    tok, live, data_off, scale_off = _token_block(
+        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
     )
     tile = tl.arange(0, NT_P2)
     col = tl.arange(0, TILE)
@@ -409,14 +439,11 @@ def _write_fp8_kernel(
     need not start or end on a 32-byte sector; those edge sectors are prefetched first.
     """
     buf_u8 = _word_ptr(buf_ptr, 1)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, scale_off = _token_offsets(
-        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    tok, live, data_off, scale_off = _token_block(
+        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
     )
     if SPAN > 0 and not SOFT:
-        _prefetch_l2(buf_u8 + data_off, live & ((data_off & 31) != 0))
-        _prefetch_l2(buf_u8 + (data_off + SPAN - 1), live & (((data_off + SPAN) & 31) != 0))
+        _prefetch_edges(buf_u8, data_off, live, SPAN)
     if NROPE > 0:  # issued first: a load after the stores below would wait for them
         r = tl.arange(0, NROPE)
         rv = tl.load(
@@ -504,15 +531,10 @@ def _read_fp4_kernel(
     """
     out_ptr = out_ptr.to(tl.pointer_type(tl.int32))
     buf_u8 = _word_ptr(buf_ptr, 1)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, scale_off = _token_offsets(
-        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    tok, live, data_off, scale_off = _token_block(
+        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
     )
-    tile = tl.arange(0, 32)
-    pair = tl.arange(0, 8)
-    mask3 = live[:, None, None]
-    within = tile[None, :, None] * 8 + pair[None, None, :]
+    tile, mask3, within = _fp4_block(live)
     packed = tl.load(
         buf_u8 + (data_off[:, None, None] + within), mask=mask3, other=0, eviction_policy=EVICT
     )
@@ -595,15 +617,10 @@ def _write_fp4_kernel(
     """
     words_ptr = _word_ptr(values_ptr, 8 if IN_KIND == 2 else 4)
     buf_u8 = _word_ptr(buf_ptr, 1)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, scale_off = _token_offsets(
-        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    tok, live, data_off, scale_off = _token_block(
+        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
     )
-    tile = tl.arange(0, 32)
-    pair = tl.arange(0, 8)
-    mask3 = live[:, None, None]
-    within = tile[None, :, None] * 8 + pair[None, None, :]
+    tile, mask3, within = _fp4_block(live)
     lo, hi = _load_pairs(words_ptr, tok[:, None, None] * 256 + within, mask3, IN_KIND, EVICT)
     peak = tl.maximum(_peak(lo, SOFT), _peak(hi, SOFT))
     six = tl.full((BLOCK_T, 32), 6.0, tl.float32)
@@ -733,15 +750,10 @@ def _write_fp4_pairs_kernel(
     f16: tl.constexpr = IN_KIND == 1
     words_ptr = _word_ptr(values_ptr, 4)
     buf_u8 = _word_ptr(buf_ptr, 1)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, scale_off = _token_offsets(
-        loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
+    tok, live, data_off, scale_off = _token_block(
+        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
     )
-    tile = tl.arange(0, 32)
-    pair = tl.arange(0, 8)
-    mask3 = live[:, None, None]
-    within = tile[None, :, None] * 8 + pair[None, None, :]
+    tile, mask3, within = _fp4_block(live)
     w = tl.load(
         words_ptr + (tok[:, None, None] * 256 + within), mask=mask3, other=0,
         eviction_policy=EVICT,
@@ -824,9 +836,7 @@ def _write_plain_kernel(
     ``ESIZE``-byte integers.
     """
     dst_ptr = _word_ptr(buf_ptr, ESIZE)
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = tok < n
-    data_off, _ = _token_offsets(loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0)
+    tok, live, data_off, _ = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T)
     pool_row = data_off // ESIZE
     for c0 in tl.static_range(0, DIM, BLOCK_C):
         col = c0 + tl.arange(0, BLOCK_C)
