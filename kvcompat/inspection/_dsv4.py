@@ -64,16 +64,14 @@ def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
     children: list[PoolManifest] = []
     swa = static_attr(native, "swa_kv_pool", None)
     if swa is not None:
-        swa_pool_page = int_or_none(static_attr(swa, "page_size", None)) or swa_page
         children.append(
-            leaf_node(
+            _swa_state_leaf(
                 walk,
                 swa,
                 name="swa",
                 path=join_path(path, "swa_kv_pool"),
-                slots={layer: layer - start for layer in stage},
-                regroup=_AS_STATE,
-                pages_per_item=max(1, swa_page // swa_pool_page),
+                stage=stage,
+                swa_page=swa_page,
             )
         )
     kv_pools = static_attr(native, "kv_pools", None) or {}
@@ -288,6 +286,26 @@ def _unified_node(
     )
 
 
+def _swa_state_leaf(
+    walk: Walk, pool: Any, *, name: str, path: str, stage: range, swa_page: int
+) -> PoolManifest:
+    """A pool of SWA pages (the paged SWA pool or a request window's history), as ``state``.
+
+    Its slots are the stage's layers from 0; one transfer item spans ``swa_page`` tokens,
+    that is ``swa_page // (its own page size)`` of its pages.
+    """
+    own_page = int_or_none(static_attr(pool, "page_size", None)) or swa_page
+    return leaf_node(
+        walk,
+        pool,
+        name=name,
+        path=path,
+        slots={layer: layer - stage.start for layer in stage},
+        regroup=_AS_STATE,
+        pages_per_item=max(1, swa_page // own_page) if swa_page else 1,
+    )
+
+
 def _window_node(
     walk: Walk, window: Any, *, path: str, stage: range, swa_page: int
 ) -> PoolManifest:
@@ -296,16 +314,14 @@ def _window_node(
     children: list[PoolManifest] = []
     state = static_attr(window, "state", None)
     if state is not None:
-        state_page = int_or_none(static_attr(state, "page_size", None)) or swa_page
         children.append(
-            leaf_node(
+            _swa_state_leaf(
                 walk,
                 state,
                 name="window",
                 path=join_path(where, "state"),
-                slots={layer: layer - stage.start for layer in stage},
-                regroup=_AS_STATE,
-                pages_per_item=max(1, swa_page // state_page) if swa_page else 1,
+                stage=stage,
+                swa_page=swa_page,
             )
         )
     workspace = static_attr(window, "workspace", None)

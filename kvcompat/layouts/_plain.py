@@ -13,7 +13,7 @@ import functools
 import torch
 
 from kvcompat._errors import LayoutError
-from kvcompat.layouts._spec import Encoding, LayoutSpec
+from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment
 
 __all__ = ["PLAIN_CODEC", "plain_encoding"]
 
@@ -64,3 +64,66 @@ class _PlainCodec:
 
 PLAIN_CODEC = _PlainCodec()
 """The shared codec instance of every plain-row layout."""
+
+
+def row_size(layout: str, name: str, value: object, *, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) ``>= minimum``, else a LayoutError naming it.
+
+    Example:
+        >>> from kvcompat.layouts._plain import row_size
+        >>> row_size("MHA", "head_dim", 128, minimum=1)
+        128
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum >= 1 else "an int"
+        msg = f"{layout} needs {kind} {name} >= {minimum}; received {value!r}."
+        raise LayoutError(msg)
+    return value
+
+
+def plain_row_spec(
+    *,
+    name: str,
+    dtype: torch.dtype,
+    encoding: Encoding,
+    heads: int,
+    value_dim: int,
+    rope_dim: int,
+    segments: tuple[Segment, ...],
+) -> LayoutSpec:
+    """The spec of a token-major row of plain ``dtype`` values (MHA K/V rows, MLA latents).
+
+    One row per token, no scales, stored exactly as the pool's dtype; ``dim`` is the sum
+    of the segments' values.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> mha_layout(2, 8, torch.float16).data_bytes
+        32
+    """
+    dim = sum(segment.elements for segment in segments)
+    row_bytes = dim * encoding.bits // 8
+    return LayoutSpec(
+        name=name,
+        data_bytes=row_bytes,
+        scale_bytes=0,
+        scale_pad=0,
+        tile_size=dim,
+        page_align=row_bytes,
+        interleaved=True,
+        paged=False,
+        dim=dim,
+        heads=heads,
+        value_dim=value_dim,
+        rope_dim=rope_dim,
+        data_encoding=encoding,
+        scale_encoding=None,
+        rope_encoding=encoding if rope_dim else None,
+        output_dtype=dtype,
+        unscaled_max=float(torch.finfo(dtype).max),
+        supports_fnuz=False,
+        segments=segments,
+        error_bound=f"exact for {dtype} input, else one round-to-nearest-even into {dtype}",
+        codec=PLAIN_CODEC,
+    )

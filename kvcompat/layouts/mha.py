@@ -18,18 +18,10 @@ import functools
 
 import torch
 
-from kvcompat._errors import LayoutError
-from kvcompat.layouts._plain import PLAIN_CODEC, plain_encoding
+from kvcompat.layouts._plain import plain_encoding, plain_row_spec, row_size
 from kvcompat.layouts._spec import LayoutSpec, Segment, SegmentRole
 
 __all__ = ["mha_layout"]
-
-
-def _positive(name: str, value: object, *, layout: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        msg = f"{layout} needs a positive int {name}; received {value!r}."
-        raise LayoutError(msg)
-    return value
 
 
 @functools.cache
@@ -58,32 +50,18 @@ def mha_layout(head_num: int, head_dim: int, dtype: torch.dtype) -> LayoutSpec:
         >>> dequantize(spec, k_buffer, torch.tensor([5]), 16)[0, 0]
         tensor(0.3125, dtype=torch.float8_e4m3fn)
     """
-    layout = "MHA"
-    heads = _positive("head_num", head_num, layout=layout)
-    width = _positive("head_dim", head_dim, layout=layout)
-    encoding = plain_encoding(dtype, layout=layout)
+    heads = row_size("MHA", "head_num", head_num, minimum=1)
+    width = row_size("MHA", "head_dim", head_dim, minimum=1)
+    encoding = plain_encoding(dtype, layout="MHA")
     dim = heads * width
-    row_bytes = dim * encoding.bits // 8
-    return LayoutSpec(
+    return plain_row_spec(
         name=f"mha_{heads}x{width}_{encoding.value}",
-        data_bytes=row_bytes,
-        scale_bytes=0,
-        scale_pad=0,
-        tile_size=dim,
-        page_align=row_bytes,
-        interleaved=True,
-        paged=False,
-        dim=dim,
+        dtype=dtype,
+        encoding=encoding,
         heads=heads,
         value_dim=dim,
         rope_dim=0,
-        data_encoding=encoding,
-        scale_encoding=None,
-        rope_encoding=None,
-        output_dtype=dtype,
-        unscaled_max=float(torch.finfo(dtype).max),
-        supports_fnuz=False,
-        segments=(Segment("values", SegmentRole.DATA, "data", 0, row_bytes, encoding, dim),),
-        error_bound=f"exact for {dtype} input, else one round-to-nearest-even into {dtype}",
-        codec=PLAIN_CODEC,
+        segments=(
+            Segment("values", SegmentRole.DATA, "data", 0, dim * encoding.bits // 8, encoding, dim),
+        ),
     )

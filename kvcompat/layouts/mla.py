@@ -16,18 +16,10 @@ import functools
 
 import torch
 
-from kvcompat._errors import LayoutError
-from kvcompat.layouts._plain import PLAIN_CODEC, plain_encoding
+from kvcompat.layouts._plain import plain_encoding, plain_row_spec, row_size
 from kvcompat.layouts._spec import LayoutSpec, Segment, SegmentRole
 
 __all__ = ["mla_layout"]
-
-
-def _size(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        msg = f"MLA rows need an int {name} >= {minimum}; received {value!r}."
-        raise LayoutError(msg)
-    return value
 
 
 @functools.cache
@@ -52,47 +44,25 @@ def mla_layout(kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype) -> 
         >>> spec.name, spec.bytes_per_token, spec.value_dim, spec.segment("rope").offset
         ('mla_512+64_bf16', 1152, 512, 1024)
     """
-    rank = _size("kv_lora_rank", kv_lora_rank, minimum=1)
-    rope = _size("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
+    rank = row_size("MLA", "kv_lora_rank", kv_lora_rank, minimum=1)
+    rope = row_size("MLA", "qk_rope_head_dim", qk_rope_head_dim, minimum=0)
     encoding = plain_encoding(dtype, layout="MLA")
-    dim = rank + rope
     element_bytes = encoding.bits // 8
-    row_bytes = dim * element_bytes
     segments = [
         Segment("latent", SegmentRole.DATA, "data", 0, rank * element_bytes, encoding, rank)
     ]
     if rope:
+        rope_bytes = rope * element_bytes
+        offset = rank * element_bytes
         segments.append(
-            Segment(
-                "rope",
-                SegmentRole.ROPE,
-                "data",
-                rank * element_bytes,
-                rope * element_bytes,
-                encoding,
-                rope,
-            )
+            Segment("rope", SegmentRole.ROPE, "data", offset, rope_bytes, encoding, rope)
         )
-    return LayoutSpec(
+    return plain_row_spec(
         name=f"mla_{rank}+{rope}_{encoding.value}",
-        data_bytes=row_bytes,
-        scale_bytes=0,
-        scale_pad=0,
-        tile_size=dim,
-        page_align=row_bytes,
-        interleaved=True,
-        paged=False,
-        dim=dim,
+        dtype=dtype,
+        encoding=encoding,
         heads=1,
         value_dim=rank,
         rope_dim=rope,
-        data_encoding=encoding,
-        scale_encoding=None,
-        rope_encoding=encoding if rope else None,
-        output_dtype=dtype,
-        unscaled_max=float(torch.finfo(dtype).max),
-        supports_fnuz=False,
         segments=tuple(segments),
-        error_bound=f"exact for {dtype} input, else one round-to-nearest-even into {dtype}",
-        codec=PLAIN_CODEC,
     )
