@@ -15,6 +15,7 @@ an ``int`` (passed through).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any, Final
 
 import torch
@@ -37,6 +38,7 @@ __all__ = [
     "build_mla_pool",
     "build_swa_pool",
     "end_layer_kwargs",
+    "radix_layer",
 ]
 
 
@@ -78,6 +80,11 @@ DSV4_LAYOUT_DIMS: Final[Mapping[str, tuple[int, int]]] = {
 }
 
 
+def radix_layer(layer_id: int) -> SimpleNamespace:
+    """The part of a RadixAttention layer that ``set_kv_buffer`` and friends read."""
+    return SimpleNamespace(layer_id=layer_id)
+
+
 def end_layer_kwargs(start_layer: int, layer_num: int, end_layer: EndLayer) -> dict[str, int]:
     """The ``end_layer`` keyword argument (or none) for a builder's ``end_layer`` value."""
     if isinstance(end_layer, _StageEnd):
@@ -100,10 +107,13 @@ def build_mha_pool(
     dtype: torch.dtype = torch.bfloat16,
     size: int = SIZE,
     page_size: int = MHA_PAGE,
+    k_only: bool = False,
 ) -> Any:
-    """``MHATokenToKVPool``: K and V ``[size + page, heads, dim]`` per layer."""
+    """``MHATokenToKVPool``: K and V ``[size + page, heads, dim]`` per layer; with
+    ``k_only``, ``MHATokenToKOnlyPool`` (MiniMax sparse index keys): K only."""
     mp = prepare_sglang().memory_pool
-    return mp.MHATokenToKVPool(
+    cls = mp.MHATokenToKOnlyPool if k_only else mp.MHATokenToKVPool
+    return cls(
         size=size,
         page_size=page_size,
         dtype=dtype,
@@ -124,18 +134,10 @@ def build_k_only_pool(
     dtype: torch.dtype = torch.bfloat16,
 ) -> Any:
     """``MHATokenToKOnlyPool`` (MiniMax sparse index keys): K only."""
-    mp = prepare_sglang().memory_pool
-    return mp.MHATokenToKOnlyPool(
-        size=SIZE,
-        page_size=MHA_PAGE,
-        dtype=dtype,
-        head_num=HEAD_NUM,
-        head_dim=HEAD_DIM,
-        layer_num=layer_num,
-        device=DEVICE,
-        enable_memory_saver=False,
-        **_stage(start_layer, layer_num, end_layer),
-    )
+    return build_mha_pool(
+        start_layer=start_layer, layer_num=layer_num, end_layer=end_layer, dtype=dtype,
+        k_only=True,
+    )  # fmt: skip
 
 
 def build_mla_pool(

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _sglang.builders import radix_layer
 
 import kvcompat
 from kvcompat.testing import (
@@ -14,10 +15,6 @@ from kvcompat.testing import (
     ReferenceMLATokenToKVPool,
     reference_swa_pool,
 )
-
-
-def layer(layer_id: int) -> SimpleNamespace:
-    return SimpleNamespace(layer_id=layer_id)
 
 
 def test_single_kv_calls_that_raise_natively_work_through_the_proxy() -> None:
@@ -31,7 +28,7 @@ def test_single_kv_calls_that_raise_natively_work_through_the_proxy() -> None:
     assert k.data_ptr() == native.kv_buffer[1].data_ptr()
     keys = torch.randn(3, 1, 512).to(torch.bfloat16)
     before = keys.clone()
-    pool.set_kv_buffer(layer(1), torch.tensor([4, 5, 6]), keys, keys)
+    pool.set_kv_buffer(radix_layer(1), torch.tensor([4, 5, 6]), keys, keys)
     assert torch.equal(keys, before)
     back = pool.kvcompat.read(1, torch.tensor([4, 5, 6]))
     assert (back.float() - keys.float()).abs().max() <= keys.float().abs().max() / 16
@@ -45,10 +42,10 @@ def test_mha_set_kv_buffer_matches_the_native_writer(dtype: torch.dtype) -> None
     k = torch.randn(3, 2, 8)
     v = torch.randn(3, 2, 8)
     k_in, v_in = k.clone(), v.clone()
-    kvcompat.compat(ours).set_kv_buffer(layer(1), loc, k, v, k_scale=2.0, v_scale=4.0)
+    kvcompat.compat(ours).set_kv_buffer(radix_layer(1), loc, k, v, k_scale=2.0, v_scale=4.0)
     assert torch.equal(k, k_in)  # the proxy never divides the caller's tensors in place
     assert torch.equal(v, v_in)
-    theirs.set_kv_buffer(layer(1), loc, k.clone(), v.clone(), k_scale=2.0, v_scale=4.0)
+    theirs.set_kv_buffer(radix_layer(1), loc, k.clone(), v.clone(), k_scale=2.0, v_scale=4.0)
     for mine, native in zip(
         ours.k_buffer + ours.v_buffer, theirs.k_buffer + theirs.v_buffer, strict=True
     ):
@@ -61,8 +58,8 @@ def test_mla_set_kv_buffer_ignores_cache_v_like_sglang() -> None:
     loc = torch.tensor([2, 3])
     k = torch.randn(2, 1, 48).to(torch.bfloat16)
     junk = torch.randn(2, 1, 32).to(torch.bfloat16)
-    kvcompat.compat(ours).set_kv_buffer(layer(0), loc, k, junk)
-    theirs.set_kv_buffer(layer(0), loc, k, junk)
+    kvcompat.compat(ours).set_kv_buffer(radix_layer(0), loc, k, junk)
+    theirs.set_kv_buffer(radix_layer(0), loc, k, junk)
     assert torch.equal(ours.kv_buffer[0], theirs.kv_buffer[0])
 
 
@@ -71,14 +68,14 @@ def test_composite_uses_swa_loc_for_sliding_window_layers() -> None:
     pool = kvcompat.compat(native)
     k = torch.ones(1, 2, 8, dtype=torch.bfloat16)
     write_loc = SimpleNamespace(loc=torch.tensor([40]), swa_loc=torch.tensor([3]), full_loc=None)
-    pool.set_kv_buffer(layer(2), write_loc, k, 2 * k)  # layer 2 is a SWA layer
+    pool.set_kv_buffer(radix_layer(2), write_loc, k, 2 * k)  # layer 2 is a SWA layer
     assert torch.equal(native.swa_kv_pool.k_buffer[1][3], k[0])
     assert torch.equal(native.swa_kv_pool.v_buffer[1][3], 2 * k[0])
-    pool.set_kv_buffer(layer(1), write_loc, k, 3 * k)  # a full layer: loc
+    pool.set_kv_buffer(radix_layer(1), write_loc, k, 3 * k)  # a full layer: loc
     assert torch.equal(native.full_kv_pool.v_buffer[0][40], 3 * k[0])
     no_swa = SimpleNamespace(loc=torch.tensor([5]), swa_loc=None)
     with pytest.raises(kvcompat.WriteError, match="swa_loc"):
-        pool.set_kv_buffer(layer(0), no_swa, k, k)
+        pool.set_kv_buffer(radix_layer(0), no_swa, k, k)
 
 
 def test_everything_else_passes_through() -> None:

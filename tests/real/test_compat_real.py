@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from _sglang import builders as b
+from _sglang.builders import radix_layer
 from _sglang.cases import CONFORMANCE_CASES, PoolCase
 from _sglang.env import prepare_sglang
 
 import kvcompat
-
-
-def layer(layer_id: int) -> SimpleNamespace:
-    return SimpleNamespace(layer_id=layer_id)
 
 
 def test_swa_pool_with_sglangs_own_kv_write_loc() -> None:
@@ -24,8 +19,8 @@ def test_swa_pool_with_sglangs_own_kv_write_loc() -> None:
     v = torch.randn(2, 2, 8).to(torch.bfloat16)
     loc = write_loc_cls(torch.tensor([10, 50]), swa_loc=torch.tensor([3, 4]))
     for layer_id in (0, 1):  # a sliding-window layer, then a full-attention layer
-        theirs.set_kv_buffer(layer(layer_id), loc, k.clone(), v.clone())
-        kvcompat.compat(ours).set_kv_buffer(layer(layer_id), loc, k, v)
+        theirs.set_kv_buffer(radix_layer(layer_id), loc, k.clone(), v.clone())
+        kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), loc, k, v)
     for side in ("full_kv_pool", "swa_kv_pool"):
         for attr in ("k_buffer", "v_buffer"):
             for mine, native in zip(
@@ -50,7 +45,7 @@ def test_dsv4_pools_run_an_unported_backend(build: object) -> None:
     loc: object = torch.tensor([5, 6])
     if kvcompat.is_composite_pool(native):
         loc = prepare_sglang().memory_pool.KVWriteLoc(torch.tensor([99, 98]), swa_loc=loc)
-    pool.set_kv_buffer(layer(layer_id), loc, keys, None)
+    pool.set_kv_buffer(radix_layer(layer_id), loc, keys, None)
     back = pool.kvcompat.read(layer_id, torch.tensor([5, 6]))
     assert (back.float() - keys.float()).abs().max() <= keys.float().abs().max() / 16
 
@@ -79,7 +74,7 @@ def test_proxy_getters_and_writer_on_every_conformance_case(case: PoolCase) -> N
     loc: object = torch.tensor([3, 4])
     if adapter.kind is kvcompat.PoolKind.COMPOSITE:
         loc = prepare_sglang().memory_pool.KVWriteLoc(torch.tensor([3, 4]), swa_loc=loc)
-    pool.set_kv_buffer(layer(layer_id), loc, keys, values)
+    pool.set_kv_buffer(radix_layer(layer_id), loc, keys, values)
     back = adapter.read(layer_id, torch.tensor([3, 4]))
     bound = keys.float().abs().max() / 4  # the coarsest layout here (fp8 rows) stays within
     assert (back.float() - keys.float()).abs().max() <= bound, case.id

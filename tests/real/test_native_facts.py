@@ -15,12 +15,12 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from _sglang import builders as b
+from _sglang.builders import radix_layer
 from _sglang.cases import (
     POOL_CASES,
     LayerStorage,
@@ -106,11 +106,6 @@ def assert_view(
         f"{what}: expected a {dtype} view of {where} ({_describe(expected)}), "
         f"got {_describe(got)} (strides {got.stride()} vs {expected.stride()})"
     )
-
-
-def _layer(layer_id: int) -> Any:
-    """The part of a RadixAttention layer that set_kv_buffer reads."""
-    return SimpleNamespace(layer_id=layer_id)
 
 
 # -- case sanity ----------------------------------------------------------------------------
@@ -283,7 +278,7 @@ def test_set_kv_buffer(case: PoolCase, sglang_session: SGLangSession) -> None:
         if family in refusal:
             k = torch.ones(2, 2, 8, dtype=BF16)
             assert_raises(
-                partial(native.set_kv_buffer, _layer(layer), _LOC, k, k), refusal[family], what
+                partial(native.set_kv_buffer, radix_layer(layer), _LOC, k, k), refusal[family], what
             )
             continue
         gen = torch.Generator().manual_seed(layer)
@@ -297,7 +292,7 @@ def test_set_kv_buffer(case: PoolCase, sglang_session: SGLangSession) -> None:
                 # SWA layers need the pre-translated swa_loc: a bare assert otherwise.
                 bare_loc = sglang_session.memory_pool.KVWriteLoc(_LOC)
                 assert_raises(
-                    partial(native.set_kv_buffer, _layer(layer), bare_loc, k, k),
+                    partial(native.set_kv_buffer, radix_layer(layer), bare_loc, k, k),
                     Raises(AssertionError),
                     f"{what} without swa_loc",
                 )
@@ -305,7 +300,7 @@ def test_set_kv_buffer(case: PoolCase, sglang_session: SGLangSession) -> None:
         if family == "latent":
             # MLA writes the whole latent row from K and ignores V entirely.
             v = torch.full((2, 1, b.KV_LORA_RANK), 7.0, dtype=BF16)
-            native.set_kv_buffer(_layer(layer), loc_info, k, v)
+            native.set_kv_buffer(radix_layer(layer), loc_info, k, v)
             assert torch.equal(s.key[loc], k), f"{what}: latent rows differ from K"
             assert torch.equal(s.value[loc], k[..., : b.KV_LORA_RANK]), (
                 f"{what}: V columns were not taken from K (V argument must be ignored)"
@@ -316,7 +311,7 @@ def test_set_kv_buffer(case: PoolCase, sglang_session: SGLangSession) -> None:
             }
         else:
             v = torch.randn((2, *s.value.shape[1:]), generator=gen).to(BF16)
-            native.set_kv_buffer(_layer(layer), loc_info, k, v)
+            native.set_kv_buffer(radix_layer(layer), loc_info, k, v)
             assert torch.equal(s.key[loc], k), f"{what}: {s.where['key']} rows {loc.tolist()}"
             assert torch.equal(s.value[loc], v), f"{what}: {s.where['value']} rows {loc.tolist()}"
             changed = {
@@ -531,7 +526,7 @@ def test_trap5_swa_start_layer_through_kwargs_shifts_both_sub_pools(
     # Writes go through the same shifted index.
     k = torch.ones(2, b.HEAD_NUM, b.HEAD_DIM, dtype=BF16)
     loc = sglang_session.memory_pool.KVWriteLoc(_LOC)
-    native.set_kv_buffer(_layer(1), loc, k, k)
+    native.set_kv_buffer(radix_layer(1), loc, k, k)
     assert torch.equal(full[1][_LOC], k), "layer 1's write landed elsewhere than k_buffer[1]"
     assert int(full[0].count_nonzero()) == 0
 

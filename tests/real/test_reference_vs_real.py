@@ -18,11 +18,11 @@ import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from _sglang.builders import radix_layer
 from _sglang.env import prepare_sglang
 from hypothesis import given
 from hypothesis import strategies as st
@@ -157,11 +157,6 @@ def assert_same(real: Any, ref: Any, what: str) -> None:
     assert real == ref, f"{what}:\n  real      {real!r}\n  reference {ref!r}"
 
 
-def _layer(layer_id: int) -> SimpleNamespace:
-    """The part of a RadixAttention layer that set_kv_buffer reads."""
-    return SimpleNamespace(layer_id=layer_id)
-
-
 def _probe_ids(start: int, layer_num: int) -> range:
     """Below the stage (negative list indices), the stage, and one past it."""
     return range(start - layer_num - 1, start + layer_num + 1)
@@ -269,6 +264,21 @@ def _mha_pair(args: dict[str, Any]) -> tuple[Any, Any]:
     return _real("MHATokenToKVPool")(**args), ReferenceMHATokenToKVPool(**args)
 
 
+def _compare_buf_infos(real: Any, ref: Any, buffers: tuple[str, ...], label: str) -> None:
+    """Equal ``get_contiguous_buf_infos()`` lengths and item sizes, and each pool's pointers
+    are those of its own ``buffers`` lists, in order."""
+    real_ptrs, real_lens, real_items = real.get_contiguous_buf_infos()
+    ref_ptrs, ref_lens, ref_items = ref.get_contiguous_buf_infos()
+    assert_same(
+        (list(real_lens), list(real_items)),
+        (list(ref_lens), list(ref_items)),
+        f"{label}: get_contiguous_buf_infos() lengths",
+    )
+    for pool, ptrs, who in ((real, real_ptrs, "real"), (ref, ref_ptrs, "reference")):
+        listed = [t.data_ptr() for name in buffers for t in getattr(pool, name)]
+        assert list(ptrs) == listed, f"{label}: {who} get_contiguous_buf_infos() pointers"
+
+
 def compare_mha(real: Any, ref: Any, label: str) -> None:
     diffs = _diff_attrs(real, ref, MHA_ATTRS, label)
     assert not diffs, "\n".join(diffs)
@@ -278,16 +288,7 @@ def compare_mha(real: Any, ref: Any, label: str) -> None:
         tuple(int(x) for x in ref.get_kv_size_bytes()),
         f"{label}: get_kv_size_bytes()",
     )
-    real_ptrs, real_lens, real_items = real.get_contiguous_buf_infos()
-    ref_ptrs, ref_lens, ref_items = ref.get_contiguous_buf_infos()
-    assert_same(
-        (list(real_lens), list(real_items)),
-        (list(ref_lens), list(ref_items)),
-        f"{label}: get_contiguous_buf_infos() lengths",
-    )
-    for pool, ptrs, who in ((real, real_ptrs, "real"), (ref, ref_ptrs, "reference")):
-        listed = [t.data_ptr() for t in (*pool.k_buffer, *pool.v_buffer)]
-        assert list(ptrs) == listed, f"{label}: {who} get_contiguous_buf_infos() pointers"
+    _compare_buf_infos(real, ref, ("k_buffer", "v_buffer"), label)
     assert_same(
         buffer_facts(real, MHA_BUFFERS), buffer_facts(ref, MHA_BUFFERS), f"{label}: buffers"
     )
@@ -342,7 +343,7 @@ def test_mha_set_kv_buffer_writes_the_same_bytes(
                     None, loc, ck, cv, k_scale=scale, v_scale=scale, layer_id_override=layer
                 )
             else:
-                pool.set_kv_buffer(_layer(layer), loc, ck, cv, k_scale=scale, v_scale=scale)
+                pool.set_kv_buffer(radix_layer(layer), loc, ck, cv, k_scale=scale, v_scale=scale)
             inputs.append(
                 (
                     ck.view(torch.uint8) if ck.element_size() == 1 else ck,
@@ -379,7 +380,7 @@ def test_mha_write_loc_objects_are_unwrapped_alike() -> None:
     k = torch.randn(2, 2, 8).to(BF16)
     loc = session.memory_pool.KVWriteLoc(torch.tensor([4, 9]))
     for pool in (real, ref):
-        pool.set_kv_buffer(_layer(3), loc, k.clone(), k.clone())
+        pool.set_kv_buffer(radix_layer(3), loc, k.clone(), k.clone())
     for attr in MHA_BUFFERS:
         _assert_bytes_equal(
             _bytes(getattr(real, attr)),
@@ -444,15 +445,7 @@ def test_mla_pool_matches_the_real_class(args: dict[str, Any]) -> None:
     assert_same(
         int(real.get_kv_size_bytes()), int(ref.get_kv_size_bytes()), f"{label}: get_kv_size_bytes()"
     )
-    real_ptrs, real_lens, real_items = real.get_contiguous_buf_infos()
-    ref_ptrs, ref_lens, ref_items = ref.get_contiguous_buf_infos()
-    assert_same(
-        (list(real_lens), list(real_items)),
-        (list(ref_lens), list(ref_items)),
-        f"{label}: get_contiguous_buf_infos() lengths",
-    )
-    assert list(real_ptrs) == [t.data_ptr() for t in real.kv_buffer], label
-    assert list(ref_ptrs) == [t.data_ptr() for t in ref.kv_buffer], label
+    _compare_buf_infos(real, ref, ("kv_buffer",), label)
     assert_same(
         buffer_facts(real, ("kv_buffer",)), buffer_facts(ref, ("kv_buffer",)), f"{label}: buffers"
     )
@@ -481,12 +474,12 @@ def test_mla_writes_the_same_bytes(args: dict[str, Any], seed: int, mla_writer: 
         for pool in (real, ref):
             if mla_writer:
                 pool.set_mla_kv_buffer(
-                    _layer(layer), loc, row[..., :rank].clone(), row[..., rank:].clone()
+                    radix_layer(layer), loc, row[..., :rank].clone(), row[..., rank:].clone()
                 )
             else:
                 # MLA ignores cache_v: pass something that would show if it were written.
                 junk = torch.full((count, 1, rank), 7.0, dtype=BF16)
-                pool.set_kv_buffer(_layer(layer), loc, row.clone(), junk)
+                pool.set_kv_buffer(radix_layer(layer), loc, row.clone(), junk)
         writer = "set_mla_kv_buffer" if mla_writer else "set_kv_buffer"
         _assert_bytes_equal(
             _bytes(real.kv_buffer),
@@ -510,7 +503,7 @@ def test_mla_set_mla_kv_buffer_skips_the_padding_slot_alike() -> None:
     loc = torch.tensor([0, 5])
     nope, rope = torch.ones(2, 1, 8, dtype=BF16), torch.ones(2, 1, 4, dtype=BF16)
     for pool in (real, ref):
-        pool.set_mla_kv_buffer(_layer(0), loc, nope.clone(), rope.clone())
+        pool.set_mla_kv_buffer(radix_layer(0), loc, nope.clone(), rope.clone())
     assert int(real.kv_buffer[0][0].count_nonzero()) == 0, "the real class wrote slot 0"
     _assert_bytes_equal(
         _bytes(real.kv_buffer),
@@ -591,7 +584,7 @@ def test_dsv4_single_pool_matches_the_real_class(args: dict[str, Any]) -> None:
     # get_key_buffer's two branches (fp8: l - start_layer; uint8: raw l), below-stage ids and
     # all, plus the refusals of the other three generic methods, message for message.
     _compare_getters(real, ref, ("kv_buffer",), GETTERS, ids, label)
-    for args_ in ((), (_layer(0), torch.tensor([1]), None, None)):
+    for args_ in ((), (radix_layer(0), torch.tensor([1]), None, None)):
         assert_same(
             outcome(real, (), partial(real.set_kv_buffer, *args_)),
             outcome(ref, (), partial(ref.set_kv_buffer, *args_)),

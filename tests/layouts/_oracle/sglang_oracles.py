@@ -663,6 +663,7 @@ def dsa_quantize_triton() -> Result:
 
 @check
 def dsa_pool_store() -> Result:
+    from _sglang.builders import radix_layer
     from _sglang.env import prepare_sglang
 
     module = prepare_sglang().memory_pool
@@ -689,10 +690,7 @@ def dsa_pool_store() -> Result:
     # Slot 0 is skipped by SGLang's MLA scatter (reserved for CUDA-graph padding).
     loc = 1 + torch.randperm(buf.shape[0] - 1, generator=torch.Generator().manual_seed(5))[:n]
 
-    class Layer:
-        layer_id = 0
-
-    pool.set_mla_kv_buffer(Layer(), loc, values[:, None, :512], values[:, None, 512:])
+    pool.set_mla_kv_buffer(radix_layer(0), loc, values[:, None, :512], values[:, None, 512:])
     quantize(DSA_FP8, values, ours, loc, 64)
     ours_rows = ours.view(torch.uint8).reshape(buf.shape[0], 656)
     theirs_rows = buf.view(torch.uint8).reshape(buf.shape[0], 656)
@@ -753,9 +751,8 @@ def dsa_dequant_triton() -> Result:
 
 @check
 def mha_pool_store() -> Result:
-    from _sglang.env import prepare_sglang
+    from _sglang.builders import build_mha_pool, radix_layer
 
-    module = prepare_sglang().memory_pool
     problems = []
     for dtype in (
         torch.bfloat16,
@@ -764,16 +761,7 @@ def mha_pool_store() -> Result:
         torch.float8_e4m3fn,
         torch.float8_e5m2,
     ):
-        pool = module.MHATokenToKVPool(
-            size=64,
-            page_size=16,
-            dtype=dtype,
-            head_num=2,
-            head_dim=8,
-            layer_num=1,
-            device="cpu",
-            enable_memory_saver=False,
-        )
+        pool = build_mha_pool(dtype=dtype, layer_num=1, size=64, page_size=16)  # 2 x 8 heads
         spec = mha_layout(2, 8, dtype)
         k_ours = pool.k_buffer[0].clone()
         g = torch.Generator().manual_seed(9)
@@ -781,10 +769,7 @@ def mha_pool_store() -> Result:
         k = torch.randn(20, 2, 8, generator=g) * 3
         v = torch.randn(20, 2, 8, generator=g)
 
-        class Layer:
-            layer_id = 0
-
-        pool.set_kv_buffer(Layer(), loc, k, v)
+        pool.set_kv_buffer(radix_layer(0), loc, k, v)
         quantize(spec, k, k_ours, loc, 16)
         if not torch.equal(k_ours.view(torch.uint8), pool.k_buffer[0].view(torch.uint8)):
             problems.append(f"{dtype}: k bytes differ")
@@ -797,31 +782,18 @@ def mha_pool_store() -> Result:
 
 @check
 def mla_pool_store() -> Result:
-    from _sglang.env import prepare_sglang
+    from _sglang.builders import build_mla_pool, radix_layer
 
-    module = prepare_sglang().memory_pool
     problems = []
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        pool = module.MLATokenToKVPool(
-            size=64,
-            page_size=16,
-            dtype=dtype,
-            kv_lora_rank=32,
-            qk_rope_head_dim=16,
-            layer_num=1,
-            device="cpu",
-            enable_memory_saver=False,
-        )
+        pool = build_mla_pool(dtype=dtype, layer_num=1)  # 64 tokens, page 16, rank 32 + rope 16
         spec = mla_layout(32, 16, dtype)
         ours = pool.kv_buffer[0].clone()
         g = torch.Generator().manual_seed(10)
         loc = 1 + torch.randperm(79, generator=g)[:20]  # slot 0 is skipped by SGLang
         rows = torch.randn(20, 1, 48, generator=g).to(torch.bfloat16)
 
-        class Layer:
-            layer_id = 0
-
-        pool.set_mla_kv_buffer(Layer(), loc, rows[..., :32], rows[..., 32:])
+        pool.set_mla_kv_buffer(radix_layer(0), loc, rows[..., :32], rows[..., 32:])
         quantize(spec, rows, ours, loc, 16)
         if not torch.equal(ours.view(torch.uint8), pool.kv_buffer[0].view(torch.uint8)):
             problems.append(f"{dtype}: set_mla_kv_buffer bytes differ")
