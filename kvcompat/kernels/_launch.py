@@ -19,6 +19,7 @@ from kvcompat.kernels._plan import (
     Plan,
     cached_geometry,
     chunk_words,
+    launch_family,
     read_plan,
     word_bytes,
     write_plan,
@@ -303,12 +304,9 @@ def quantize_scatter(
     if n == 0:
         return
     rows = values if values.is_contiguous() else values.contiguous()
-    family = plan.family
-    if family == "write_fp4":
-        if plan.constants["IN_KIND"] != 2 and not _soft():
-            family = "write_fp4_pairs"  # bf16 / fp16 on a GPU: the packed kernel
-        if rows.data_ptr() % 8:  # the FP4 kernels load value pairs as one word
-            rows = rows.clone()
+    family = launch_family(plan, soft=_soft())
+    if plan.family == "write_fp4" and rows.data_ptr() % 8:
+        rows = rows.clone()  # the FP4 kernels load value pairs as one word
     settings = launch_settings(family, None if INTERPRETED else n)
     grid = (-(-n // settings.block_tokens),)
     if plan.family == "scatter_rows":

@@ -31,6 +31,7 @@ __all__ = [
     "chunk_words",
     "edge_span",
     "geometry",
+    "launch_family",
     "read_plan",
     "unsupported",
     "word_bytes",
@@ -218,6 +219,26 @@ def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusa
         {**constants, "MODE": mode, "IN_DIM": spec.dim, "IN_BF16": in_bf16,
          "SPAN": edge_span(spec)},
     )  # fmt: skip
+
+
+def launch_family(plan: Plan, *, soft: bool) -> KernelFamily:
+    """The kernel (and launch settings) family that runs ``plan``.
+
+    A plan's own family, except V41_FP4 writes of bf16 / fp16 values on a GPU
+    (``soft=False``), which take the packed-pair kernel; fp32 values and the CPU
+    interpreter (``soft=True``) keep the float kernel.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.kernels._plan import launch_family, write_plan
+        >>> from kvcompat.layouts import V41_FP4
+        >>> plan = write_plan(V41_FP4, torch.bfloat16, fnuz=False)
+        >>> launch_family(plan, soft=False), launch_family(plan, soft=True)
+        ('write_fp4_pairs', 'write_fp4')
+    """
+    if plan.family == "write_fp4" and plan.constants["IN_KIND"] != 2 and not soft:
+        return "write_fp4_pairs"
+    return plan.family
 
 
 def edge_span(spec: LayoutSpec) -> int:

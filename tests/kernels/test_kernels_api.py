@@ -17,13 +17,16 @@ from _kernel_cases import as_bytes, make_buffer
 
 from kvcompat import LayoutError
 from kvcompat.kernels._config import DEFAULTS, OVERRIDES, LaunchSettings, launch_settings
-from kvcompat.kernels._plan import read_plan, unsupported, write_plan
+from kvcompat.kernels._plan import edge_span, launch_family, read_plan, unsupported, write_plan
 from kvcompat.layouts import (
     DSA_FP8,
     UNIFORM_FP8,
     V4,
     V41,
+    V41_FP4,
     V41_FP4_NEW,
+    V41_NEW,
+    LayoutSpec,
     dequantize,
     dsa_fp8_layout,
     mha_layout,
@@ -130,6 +133,32 @@ def test_every_layout_has_kernels() -> None:
     assert write_plan(UNIFORM_FP8, torch.bfloat16, fnuz=False).family == "write_plain"
     assert "fnuz" in str(unsupported(V4, write=True, fnuz=True, values_dtype=torch.bfloat16))
     assert unsupported(V4, write=False, fnuz=True) is None
+
+
+@pytest.mark.parametrize("spec", [V41_FP4, V41_FP4_NEW], ids=lambda spec: spec.name)
+def test_fp4_writes_of_half_values_take_the_pairs_kernel_on_a_gpu(spec: LayoutSpec) -> None:
+    for dtype, gpu_family in (
+        (torch.bfloat16, "write_fp4_pairs"),
+        (torch.float16, "write_fp4_pairs"),
+        (torch.float32, "write_fp4"),
+    ):
+        plan = write_plan(spec, dtype, fnuz=False)
+        assert not isinstance(plan, str)
+        assert launch_family(plan, soft=False) == gpu_family
+        assert launch_family(plan, soft=True) == "write_fp4"  # the interpreter's kernel
+    for other in (write_plan(V41, torch.bfloat16, fnuz=False), read_plan(spec, fnuz=False)):
+        assert not isinstance(other, str)
+        assert launch_family(other, soft=False) == other.family
+
+
+def test_only_sector_splitting_rows_prefetch_their_edges() -> None:
+    assert edge_span(V41_NEW) == 528  # 512 codes + 16 scales, 16-byte aligned
+    assert edge_span(DSA_FP8) == 656
+    for spec in (V4, V41, V41_FP4, V41_FP4_NEW, UNIFORM_FP8, mha_layout(8, 128, torch.bfloat16)):
+        assert edge_span(spec) == 0, spec.name
+    plan = write_plan(V41_NEW, torch.bfloat16, fnuz=False)
+    assert not isinstance(plan, str)
+    assert plan.constants["SPAN"] == 528
 
 
 def test_launch_settings_live_in_one_helper() -> None:
