@@ -14,9 +14,11 @@ touch exactly the bytes the real kernel touches, in the same pattern, with no ar
   without prefetching the edge sectors first.
 
 For V4 it also times the scale access with an L2 ``evict_last`` priority (the scale
-sectors, shared by neighbouring tokens, then stay in L2 for the rest of the launch) and
-measures what that leaves behind: the time to re-read an L2-resident 32 MiB working set
-right after the gather, with and without the hint.
+sectors, shared by neighbouring tokens, then stay in L2 for the rest of the launch), the
+same followed by a second launch that hands those lines back their normal priority
+(``applypriority.global.L2::evict_normal`` on each token's scale line), and measures what
+each leaves behind: the time to re-read an L2-resident 32 MiB working set right after
+the gather.
 
 Same timing as ``bench_kernels_gpu.py`` (CUDA-graph replay of K calls after an L2 flush,
 median of ``--reps``), same GB/s accounting (each token's row and written scale bytes, the
@@ -100,6 +102,34 @@ def _scatter_kernel(values_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRI
                  tok.to(tl.int32)[:, None] + s[None, :], mask=live[:, None])  # fmt: skip
 
 
+@triton.jit
+def _reset_priority_kernel(buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE,
+                           SCALE_STRIDE, BLOCK_T: tl.constexpr):  # fmt: skip
+    """Give each token's 128-byte scale line back the normal L2 eviction priority."""
+    buf8 = buf_ptr.to(tl.pointer_type(tl.uint8))
+    _, live, _, scale_off = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE,
+                                         SCALE_STRIDE, BLOCK_T)  # fmt: skip
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.u32 p, $2, 0; "
+        "@p applypriority.global.L2::evict_normal [$1], 128; mov.u32 $0, 0; }",
+        "=r,l,r",
+        [buf8 + (scale_off & ~127), live.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+def _reset_priority(buf: torch.Tensor, loc: torch.Tensor, n: int,
+                    geo: list[int]) -> Callable[[], object]:  # fmt: skip
+    grid = (triton.cdiv(n, 256),)
+    return lambda: _reset_priority_kernel[grid](buf, loc, n, *geo, BLOCK_T=256, num_warps=4)
+
+
+def _then(*fns: Callable[[], object]) -> Callable[[], object]:
+    return lambda: [fn() for fn in fns]
+
+
 def _geometry(spec: LayoutSpec) -> list[int]:
     g = geometry(spec, PAGE)
     return [g["PAGE"], g["PAGE_BYTES"], g["DATA_STRIDE"], g["SCALE_BASE"], g["SCALE_STRIDE"]]
@@ -143,6 +173,8 @@ def main() -> int:
         loc: torch.Tensor, i: int, buf: torch.Tensor = buf, outs: list[torch.Tensor] = outs
     ) -> dict[str, Callable[[], object]]:
         out = outs[i]
+        hinted = _launch(_gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=144, OUT_WORDS=256,
+                         SCALE=True, SCALE_EVICT="evict_last")  # fmt: skip
         return {
             "kvcompat": lambda: dequantize(
                 V4, buf, loc, PAGE, impl="triton", validate=False, out=out
@@ -156,18 +188,8 @@ def main() -> int:
             "row 512": _launch(
                 _gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=128, OUT_WORDS=256, SCALE=False
             ),
-            "row 576 + scale, scale evict_last": _launch(
-                _gather_kernel,
-                out,
-                buf,
-                loc,
-                n,
-                *geo,
-                ROW_WORDS=144,
-                OUT_WORDS=256,
-                SCALE=True,
-                SCALE_EVICT="evict_last",
-            ),
+            "row 576 + scale, scale evict_last": hinted,
+            "the same + priority reset": _then(hinted, _reset_priority(buf, loc, n, geo)),
         }
 
     _row(V4, n, k, reps, v4_read)
@@ -197,19 +219,12 @@ def main() -> int:
                                          ROW_WORDS=row_words, IN_WORDS=256, SCALE=scale,
                                          SPAN=span)  # fmt: skip
             if spec is V4:
-                fns["row + 8 B scale, scale evict_last"] = _launch(
-                    _scatter_kernel,
-                    v,
-                    buf,
-                    loc,
-                    n,
-                    *geo,
-                    ROW_WORDS=row_words,
-                    IN_WORDS=256,
-                    SCALE=1,
-                    SPAN=0,
-                    SCALE_EVICT="evict_last",
-                )
+                hinted = _launch(
+                    _scatter_kernel, v, buf, loc, n, *geo, ROW_WORDS=row_words, IN_WORDS=256,
+                    SCALE=1, SPAN=0, SCALE_EVICT="evict_last",
+                )  # fmt: skip
+                fns["row + 8 B scale, scale evict_last"] = hinted
+                fns["the same + priority reset"] = _then(hinted, _reset_priority(buf, loc, n, geo))
             return fns
 
         _row(spec, n, k, reps, write)
@@ -230,13 +245,20 @@ def _l2_after(n: int, mib: int = 32, reps: int = 21) -> None:
     geo = _geometry(V4)
     work = torch.ones(mib << 18, device="cuda")
     print(f"\n## re-reading a {mib} MiB L2-resident working set after a V4 gather (us)")
-    for label, evict in (("scale loads normal", ""), ("scale loads evict_last", "evict_last")):
+    reset = _reset_priority(buf, loc, n, geo)
+    for label, evict, after in (
+        ("scale loads normal", "", None),
+        ("scale loads evict_last", "evict_last", None),
+        ("scale loads evict_last, then the priority reset", "evict_last", reset),
+    ):
         gather = _launch(_gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=144, OUT_WORDS=256,
                          SCALE=True, SCALE_EVICT=evict)  # fmt: skip
         times = []
         for _ in range(reps):
             bench.flush_l2()
             gather()
+            if after is not None:
+                after()
             work.sum()  # brings the working set into L2
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -13,9 +13,14 @@ V41_NEW write), so the profiled launches are, in order: the V41_FP4 write (the b
 pairs kernel), the UNIFORM_FP8 read (a full-row reference near the copy limit), the V4
 read, the V4 write and the V41_NEW write. A plain copy_ of the V4 read's byte volume
 follows, unprofiled.
+
+``--fnuz`` profiles the V4 read and write of the ROCm (e4m3fnuz) flavour instead: use
+``--launch-skip 3 --launch-count 2`` (one store fills the read's pool, then one round).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -26,34 +31,39 @@ N = 1 << 20
 PAGE = 64
 
 
-def case(spec: object, write: bool, gen: torch.Generator) -> tuple[object, ...]:
+def case(
+    spec: object, write: bool, gen: torch.Generator, *, fnuz: bool = False
+) -> tuple[object, ...]:
     pages = (2 * N) // PAGE + 1
     buf = torch.zeros(pages, spec.page_bytes(PAGE), dtype=torch.uint8, device="cuda")  # type: ignore[attr-defined]
     loc = torch.randperm(pages * PAGE, generator=gen, device="cpu")[:N].cuda()
     values = torch.randn(N, 512, generator=gen).to(torch.bfloat16).cuda()
     if write:
-        return (quantize_scatter, spec, values, buf, loc, PAGE)
-    quantize_scatter(spec, values, buf, loc, PAGE)
+        return (quantize_scatter, spec, values, buf, loc, PAGE, fnuz)
+    quantize_scatter(spec, values, buf, loc, PAGE, fnuz=fnuz)
     out = torch.empty(N, 512, dtype=torch.bfloat16, device="cuda")
-    return (gather_dequantize, spec, buf, loc, PAGE, out)
+    return (gather_dequantize, spec, buf, loc, PAGE, out, fnuz)
 
 
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
-    cases = [
-        case(V4, False, gen),
-        case(V4, True, gen),
-        case(V41_NEW, True, gen),
-        case(V41_FP4, True, gen),
-        case(UNIFORM_FP8, False, gen),
-    ]
+    if "--fnuz" in sys.argv[1:]:
+        cases = [case(V4, False, gen, fnuz=True), case(V4, True, gen, fnuz=True)]
+    else:
+        cases = [
+            case(V4, False, gen),
+            case(V4, True, gen),
+            case(V41_NEW, True, gen),
+            case(V41_FP4, True, gen),
+            case(UNIFORM_FP8, False, gen),
+        ]
     for _round in range(2):
-        for fn, *args in cases:
+        for fn, *args, fnuz in cases:
             if fn is gather_dequantize:
                 *head, out = args
-                fn(*head, out=out)  # type: ignore[operator]
+                fn(*head, out=out, fnuz=fnuz)  # type: ignore[operator]
             else:
-                fn(*args)  # type: ignore[operator]
+                fn(*args, fnuz=fnuz)  # type: ignore[operator]
         torch.cuda.synchronize()
     src = torch.empty(N * (576 + 8 + 1024), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
