@@ -67,6 +67,7 @@ MHA = mha_layout(8, 128, torch.bfloat16)
 MLA = mla_layout(512, 64, torch.bfloat16)
 LAYOUTS: list[tuple[str, LayoutSpec]] = [
     ("v4", V4),
+    ("v4 fnuz", V4),  # the bytes of SGLang's ROCm store (e4m3fnuz), written and read here
     ("v41", V41),
     ("v41_new", V41_NEW),
     ("v41_fp4", V41_FP4),
@@ -205,6 +206,7 @@ def cases(spec: LayoutSpec, buf: torch.Tensor, n: int, direction: str,
           k: int = 1) -> dict[str, list[Callable[[], object]]]:  # fmt: skip
     """Per implementation, ``k`` calls on distinct locations and outputs / values."""
     plain = not spec.paged and spec.scale_encoding is None
+    fnuz = name.endswith("fnuz")
     fns: dict[str, list[Callable[[], object]]] = {}
 
     def add(label: str, fn: Callable[[], object]) -> None:
@@ -219,12 +221,14 @@ def cases(spec: LayoutSpec, buf: torch.Tensor, n: int, direction: str,
             add(
                 "kvcompat",
                 lambda loc=loc, out=out: dequantize(
-                    spec, buf, loc, PAGE_SIZE, impl="triton", validate=False, out=out
+                    spec, buf, loc, PAGE_SIZE, impl="triton", validate=False, out=out, fnuz=fnuz
                 ),
             )
             add(
                 "torch",
-                lambda loc=loc: dequantize(spec, buf, loc, PAGE_SIZE, impl="torch", validate=False),
+                lambda loc=loc: dequantize(
+                    spec, buf, loc, PAGE_SIZE, impl="torch", validate=False, fnuz=fnuz
+                ),
             )
             if plain:
                 add(
@@ -242,13 +246,13 @@ def cases(spec: LayoutSpec, buf: torch.Tensor, n: int, direction: str,
         add(
             "kvcompat",
             lambda loc=loc, v=values: quantize(
-                spec, v, buf, loc, PAGE_SIZE, impl="triton", validate=False
+                spec, v, buf, loc, PAGE_SIZE, impl="triton", validate=False, fnuz=fnuz
             ),
         )
         add(
             "torch",
             lambda loc=loc, v=values: quantize(
-                spec, v, buf, loc, PAGE_SIZE, impl="torch", validate=False
+                spec, v, buf, loc, PAGE_SIZE, impl="torch", validate=False, fnuz=fnuz
             ),
         )
         if plain and spec.output_dtype == torch.bfloat16:

@@ -36,12 +36,16 @@ INTERPRETED: bool = type(jit._read_fp8_kernel).__name__ == "InterpretedFunction"
 FORCE_SOFT = False
 """Use the pure-integer conversions on a GPU too (tests compare them with the hardware's)."""
 
+ROCM: bool = torch.version.hip is not None
+"""A ROCm build of torch: the kernels take the pure-integer paths, because the hardware
+ones use NVIDIA's fp8 conversions and inline PTX. (Not run on a ROCm GPU.)"""
+
 _ALIGN = 16
 _MAX_BLOCK_C = 512
 
 
 def _soft() -> bool:
-    return INTERPRETED or FORCE_SOFT
+    return INTERPRETED or FORCE_SOFT or ROCM
 
 
 def _spec(layout: LayoutSpec | str | object, *, fnuz: bool) -> LayoutSpec:
@@ -267,7 +271,7 @@ def quantize_scatter(
         buf: the pool's per-layer buffer (contiguous, 16-byte aligned), written in place.
         loc: 1-D int32 or int64 distinct token locations on ``buf``'s device.
         page_size: the pool's page size in tokens.
-        fnuz: the ROCm V4 flavour; no kernel writes it (raises NotImplementedError).
+        fnuz: write V4 bytes as SGLang's ROCm e4m3fnuz store does.
 
     Raises:
         LayoutError: a buffer or page size that does not fit.

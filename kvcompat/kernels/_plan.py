@@ -160,6 +160,8 @@ def read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
 
 
 def _read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
+    if fnuz and not _is(spec, V4):
+        return f"layout {spec.name!r} has no fnuz variant"
     if spec.codec is PLAIN_CODEC:
         return Plan("gather_rows", {"ROW_BYTES": spec.data_bytes})
     if _is(spec, V41_FP4, V41_FP4_NEW):
@@ -181,8 +183,8 @@ def write_plan(spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool) -> Pl
         >>> from kvcompat.layouts import V4
         >>> write_plan(V4, torch.bfloat16, fnuz=False).family
         'write_fp8'
-        >>> write_plan(V4, torch.bfloat16, fnuz=True)
-        'the ROCm (fnuz=True) V4 store is only available as the torch twin'
+        >>> write_plan(V4, torch.bfloat16, fnuz=True).constants["MODE"]  # the ROCm store
+        3
     """
     key = (id(spec), values_dtype, fnuz)
     hit = _WRITE_PLANS.get(key)
@@ -194,6 +196,8 @@ def write_plan(spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool) -> Pl
 def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusal
     spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool
 ) -> Plan | str:
+    if fnuz and not _is(spec, V4):
+        return f"layout {spec.name!r} has no fnuz variant"
     if values_dtype not in VALUE_DTYPES:
         return f"the write kernels take bf16, fp16 or fp32 values, not {values_dtype}"
     in_bf16 = values_dtype == torch.bfloat16
@@ -208,12 +212,12 @@ def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusa
         )  # fmt: skip
     if _is(spec, V41_FP4, V41_FP4_NEW):
         return Plan("write_fp4", {"IN_KIND": VALUE_DTYPES.index(values_dtype)})
-    if _is(spec, V4) and fnuz:
-        return "the ROCm (fnuz=True) V4 store is only available as the torch twin"
     constants = _fp8_read_constants(spec)
     if constants is None:
         return f"no kernel writes layout {spec.name!r}"
-    mode = {1: 0, 2: 1, 3: 2}[int(constants.pop("SCALE_KIND"))]
+    kind = int(constants.pop("SCALE_KIND"))
+    # MODE 3 is the V4 store of SGLang's ROCm build (e4m3fnuz codes, log2-based scale).
+    mode = 3 if fnuz else {1: 0, 2: 1, 3: 2}[kind]
     return Plan(
         "write_fp8",
         {**constants, "MODE": mode, "IN_DIM": spec.dim, "IN_BF16": in_bf16,

@@ -16,15 +16,15 @@ an H200 and compare them with the twins byte for byte.
 # Triton's conventions, not ours to change here: constexpr parameters are UPPER_CASE
 # (N803), jit functions take untyped tensors and return blocks (ANN001/ANN202), `x != x` is
 # the NaN test that works in every backend (PLR0124), constexpr branches must be statements
-# (SIM108), and a fused kernel body is one long run of block operations (PLR0915). mypy
-# cannot see through @triton.jit, which is untyped.
-# ruff: noqa: N803, ANN001, ANN202, PLR0124, SIM108, PLR0915
+# (SIM108). mypy cannot see through @triton.jit, which is untyped.
+# ruff: noqa: N803, ANN001, ANN202, PLR0124, SIM108
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -105,7 +105,11 @@ def _bf16_bits(x, SOFT: tl.constexpr):
 
 @triton.jit
 def _decode_e4m3(codes, FNUZ: tl.constexpr, SOFT: tl.constexpr):
-    """uint8 e4m3 codes (fn, or fnuz) -> fp32, exactly; NaN codes give NaN."""
+    """uint8 e4m3 codes (fn, or fnuz) -> fp32, exactly; NaN codes give NaN.
+
+    fnuz codes always take the integer path: decoding them with the fn conversion and
+    fixing up 0x80 and +-0x7F measured no faster on an H200 (both integer-bound).
+    """
     if FNUZ or SOFT:
         c = codes.to(tl.int32)
         mag = c & 0x7F
@@ -154,6 +158,23 @@ def _encode_e4m3(y, SOFT: tl.constexpr):
     else:
         code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     return code
+
+
+@triton.jit
+def _encode_e4m3fnuz(y, SOFT: tl.constexpr):
+    """Finite fp32 ``|y| <= 240`` -> e4m3fnuz code (uint8), round to nearest even.
+
+    The hardware path encodes ``2 * y`` as e4m3fn (the fnuz grid is the fn grid halved):
+    above fn's largest value 448 only fnuz's 240 (code 0x7F) is left, for ``|2y| > 464``
+    (464 itself ties to the even 448), and fn's -0 (0x80, fnuz's NaN) becomes +0.
+    """
+    if SOFT:
+        code = _encode_fp8_soft(y, 3, 8, True)
+    else:
+        c = (y * 2.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+        c = tl.where(tl.abs(y) > 232.0, (c & 0x80) | 0x7F, c)
+        code = tl.where(c == 0x80, 0, c)
+    return code.to(tl.uint8)
 
 
 @triton.jit
@@ -404,6 +425,86 @@ def _read_fp8_kernel(
 
 
 @triton.jit
+def _ue8m0_scale(x, peak, V4: tl.constexpr):
+    """Scale bytes and scaled values of e4m3 tiles ``x`` with a power-of-two (ue8m0) scale.
+
+    ``V4``: SGLang's CUDA V4 store, ``ceil2(max(amax, 1e-4) / 448)``, NaN values -> +448.
+    Otherwise V4.1: the same ceiling of ``amax / 448`` from amax's bits, byte at least
+    114, NaN values left for the conversion (0x7F). ``peak`` is :func:`_peak` of ``x``.
+    Returns ``(byte, y)``.
+    """
+    if V4:
+        # ceil2(max(amax, 1e-4) / 448) from the bits: 448 = 1.75 * 2**8 and 0x600000 is
+        # the mantissa of 1.75, so the quotient's power-of-two ceiling is exact here.
+        peak = tl.where(peak < 0, 0.0001, tl.maximum(peak, 0.0001))
+        pbits = peak.to(tl.int32, bitcast=True)
+        exponent = (pbits >> 23) - 8 + ((pbits & 0x7FFFFF) > 0x600000).to(tl.int32)
+        exponent = tl.where(peak == float("inf"), 255, exponent)
+    else:
+        pbits = tl.where(peak < 0, 0x7FFFFFFF, peak.to(tl.int32, bitcast=True))
+        exponent = (pbits >> 23) - 8 + ((pbits & 0x7FFFFF) > 0x600000).to(tl.int32)
+        exponent = tl.maximum(exponent, 114)
+    inverse = ((254 - exponent) << 23).to(tl.float32, bitcast=True)
+    y = x * inverse[:, :, None]
+    if V4:
+        y = tl.where(y != y, 448.0, y)
+    return exponent, y
+
+
+@triton.jit
+def _dsa_scale(x, peak):
+    """DSA's fp32 tile scales ``amax * fl(1/448)`` and the scaled values (NaN -> +448).
+
+    ``peak`` is :func:`_peak` of ``x``. Returns ``(scale, y)``.
+    """
+    # An all-NaN tile: the canonical NaN 0x7FFFFFFF, as CUDA's fmaxf reduction gives.
+    nan_bits = tl.full(peak.shape, 0x7FFFFFFF, tl.int32).to(tl.float32, bitcast=True)
+    peak = tl.where(peak < 0, nan_bits, peak)
+    scale = peak * (1.0 / 448.0)  # Triton's `amax / 448`: a multiply by fl(1/448)
+    inverse = tl.math.div_rn(tl.full(peak.shape, 1.0, tl.float32), scale)
+    y = x * inverse[:, :, None]
+    return scale, tl.where(y != y, 448.0, y)
+
+
+@triton.jit
+def _log2(x, SOFT: tl.constexpr):
+    """fp32 ``log2``: libdevice's ``log2f`` on a GPU, ``tl.log2`` (numpy's) in the interpreter.
+
+    libdevice's equals torch's CUDA ``log2`` on every fp32 in [2**-40, 2**121) (checked on
+    an H200); ``tl.log2`` is ``lg2.approx`` on NVIDIA GPUs, whose ceiling agreed there too.
+    """
+    if SOFT:
+        r = tl.log2(x)
+    else:
+        r = libdevice.log2(x)
+    return r
+
+
+@triton.jit
+def _v4_rocm_scale(x, peak, SOFT: tl.constexpr):
+    """Scale bytes and scaled values of V4 tiles ``x`` as SGLang's ROCm (fnuz) store makes them.
+
+    ``c = ceil(log2(max(amax, 1e-8) / 240))`` with an IEEE division and an fp32 ``log2``
+    (so a quotient just above a power of two can round down onto it, as in the twin), byte
+    ``c + 127`` and values ``x * 2**-c`` clipped to +-240. A NaN in the tile makes the
+    maximum NaN (torch's ``amax`` propagates it), and a non-finite ``c`` gives byte 255 and
+    a multiplier of 0 (inf) or NaN; NaN values clip to +240. ``peak`` is the NaN-free
+    maximum of ``|x|`` over the last axis. Returns ``(byte, y)`` with ``y`` finite.
+    """
+    has_nan = tl.max((x != x).to(tl.int32), axis=2) > 0
+    amax = tl.where(has_nan, float("nan"), tl.maximum(peak, 1e-8))
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 240.0, tl.float32))
+    c = tl.math.ceil(_log2(s, SOFT))
+    finite = tl.abs(c) < float("inf")
+    e = tl.where(finite, c, 0.0).to(tl.int32)
+    inverse = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-c, exactly
+    inverse = tl.where(finite, inverse, tl.where(c != c, c, 0.0))
+    y = x * inverse[:, :, None]
+    y = tl.where(y != y, 240.0, tl.minimum(tl.maximum(y, -240.0), 240.0))
+    return tl.where(finite, e + 127, 255), y
+
+
+@triton.jit
 def _write_fp8_kernel(
     values_ptr,
     buf_ptr,
@@ -433,7 +534,8 @@ def _write_fp8_kernel(
 
     ``MODE``: 0 V4 (CUDA store: ue8m0 ceil of ``max(amax, 1e-4) / 448``, NaN -> +448),
     1 V4.1 (ue8m0 from amax's bits, floor 114, NaN -> 0x7F), 2 DSA (fp32 scale
-    ``amax * fl(1/448)`` stored in the row, NaN -> +448). The rope tail (``NROPE``
+    ``amax * fl(1/448)`` stored in the row, NaN -> +448), 3 V4 as SGLang's ROCm store
+    writes it (e4m3fnuz; see :func:`_v4_rocm_scale`). The rope tail (``NROPE``
     values from column ``NQ``) is stored as bf16 at byte ``ROPE_OFF`` of the data row.
     ``SPAN`` > 0: each token writes ``SPAN`` contiguous bytes from its data offset that
     need not start or end on a 32-byte sector; those edge sectors are prefetched first.
@@ -464,32 +566,15 @@ def _write_fp8_kernel(
     )
     x = x.to(tl.float32)
     peak = _peak(x, SOFT)
-    if MODE == 2:
-        # An all-NaN tile: the canonical NaN 0x7FFFFFFF, as CUDA's fmaxf reduction gives.
-        nan_bits = tl.full((BLOCK_T, NT_P2), 0x7FFFFFFF, tl.int32).to(tl.float32, bitcast=True)
-        peak = tl.where(peak < 0, nan_bits, peak)
-        scale = peak * (1.0 / 448.0)  # Triton's `amax / 448`: a multiply by fl(1/448)
-        one = tl.full((BLOCK_T, NT_P2), 1.0, tl.float32)
-        inverse = tl.math.div_rn(one, scale)
-        y = x * inverse[:, :, None]
-        y = tl.where(y != y, 448.0, y)
+    if MODE == 3:
+        exponent, y = _v4_rocm_scale(x, peak, SOFT)
+        codes = _encode_e4m3fnuz(y, SOFT)
     else:
-        if MODE == 0:
-            # ceil2(max(amax, 1e-4) / 448) from the bits: 448 = 1.75 * 2**8 and 0x600000 is
-            # the mantissa of 1.75, so the quotient's power-of-two ceiling is exact here.
-            peak = tl.where(peak < 0, 0.0001, tl.maximum(peak, 0.0001))
-            pbits = peak.to(tl.int32, bitcast=True)
-            exponent = (pbits >> 23) - 8 + ((pbits & 0x7FFFFF) > 0x600000).to(tl.int32)
-            exponent = tl.where(peak == float("inf"), 255, exponent)
+        if MODE == 2:
+            scale, y = _dsa_scale(x, peak)
         else:
-            pbits = tl.where(peak < 0, 0x7FFFFFFF, peak.to(tl.int32, bitcast=True))
-            exponent = (pbits >> 23) - 8 + ((pbits & 0x7FFFFF) > 0x600000).to(tl.int32)
-            exponent = tl.maximum(exponent, 114)
-        inverse = ((254 - exponent) << 23).to(tl.float32, bitcast=True)
-        y = x * inverse[:, :, None]
-        if MODE == 0:
-            y = tl.where(y != y, 448.0, y)
-    codes = _encode_e4m3_sat(y, SOFT)  # V4.1: NaN -> 0x7F; V4 and DSA have no NaN left
+            exponent, y = _ue8m0_scale(x, peak, MODE == 0)
+        codes = _encode_e4m3_sat(y, SOFT)  # V4.1: NaN -> 0x7F; V4 and DSA have no NaN left
     tl.store(buf_u8 + (data_off[:, None, None] + within), codes, mask=mask3)
     if MODE == 2:
         srow = (data_off + SCALE_IN_ROW) // 4
@@ -870,6 +955,5 @@ def _write_plain_kernel(
                 stored = tl.where(nan, 0x7F, code).to(tl.uint8)
             else:
                 y = tl.minimum(tl.maximum(tl.where(nan, 0.0, xf), -240.0), 240.0)
-                code = _encode_fp8_soft(y, 3, 8, True)
-                stored = tl.where(nan, 0x80, code).to(tl.uint8)
+                stored = tl.where(nan, 0x80, _encode_e4m3fnuz(y, SOFT)).to(tl.uint8)
         tl.store(dst_ptr + (pool_row[:, None] + col[None, :]), stored, mask=mask)

@@ -1,9 +1,10 @@
 """Compile kvcompat's GPU-only kernel paths for sm_90 without a GPU (run as a script).
 
-The inline PTX of the V41_FP4 pairs writer and the edge-sector prefetch never runs under
-the CPU interpreter, so this script hands those kernels to Triton's own compiler for an
-H100/H200 target (ptxas ships with triton) and fails if any does not assemble. It prints
-one line per kernel: name, SASS size in bytes.
+The inline PTX of the V41_FP4 pairs writer and the edge-sector prefetch, and the libdevice
+``log2`` of the ROCm-flavour V4 store, never run under the CPU interpreter, so this script
+hands those kernels to Triton's own compiler for an H100/H200 target (ptxas ships with
+triton) and fails if any does not assemble. It prints one line per kernel: name, SASS size
+in bytes.
 """
 
 from __future__ import annotations
@@ -43,16 +44,17 @@ def main() -> int:
         ("write_fp4_pairs fp16", jit._write_fp4_pairs_kernel, "values_ptr", "*fp16",
          {"IN_KIND": 1, **common}),
     ]  # fmt: skip
-    for spec in (V41_NEW, DSA_FP8, V4):
-        plan = write_plan(spec, torch.bfloat16, fnuz=False)
+    for spec, fnuz in ((V41_NEW, False), (DSA_FP8, False), (V4, False), (V4, True)):
+        plan = write_plan(spec, torch.bfloat16, fnuz=fnuz)
         assert not isinstance(plan, str)
-        name = f"write_fp8 {spec.name} SPAN={plan.constants['SPAN']}"
+        name = f"write_fp8 {spec.name} MODE={plan.constants['MODE']} SPAN={plan.constants['SPAN']}"
         cases.append((name, jit._write_fp8_kernel, "values_ptr", "*bf16",
                       {**plan.constants, **common}))  # fmt: skip
-    plan = read_plan(V4, fnuz=False)
-    assert not isinstance(plan, str)
-    cases.append(("read_fp8 v4", jit._read_fp8_kernel, "out_ptr", "*bf16",
-                  {**plan.constants, **common}))  # fmt: skip
+    for fnuz in (False, True):
+        plan = read_plan(V4, fnuz=fnuz)
+        assert not isinstance(plan, str)
+        cases.append((f"read_fp8 v4 FNUZ={fnuz}", jit._read_fp8_kernel, "out_ptr", "*bf16",
+                      {**plan.constants, **common}))  # fmt: skip
     for name, kernel, first, dtype, constants in cases:
         size = build(kernel, first, dtype, constants, warps=2)
         print(f"{name}: {size} bytes of sm_90 code")

@@ -180,8 +180,8 @@ def test_calls_no_kernel_serves_raise_or_fall_back() -> None:
     values = torch.ones(1, 512, dtype=torch.float64)
     with pytest.raises(NotImplementedError, match="bf16, fp16 or fp32"):
         quantize(V4, values, buf.clone(), torch.tensor([1]), 4, impl="triton")
-    with pytest.raises(NotImplementedError, match="fnuz"):
-        quantize(V4, values.float(), buf.clone(), torch.tensor([1]), 4, impl="triton", fnuz=True)
+    with pytest.raises(LayoutError, match="no fnuz variant"):
+        quantize(V41, values.float(), buf.clone(), torch.tensor([1]), 4, impl="triton", fnuz=True)
     # "auto" takes the torch twin on CPU tensors, whatever the interpreter does.
     auto, twin = buf.clone(), buf.clone()
     quantize(V4, values, auto, torch.tensor([1]), 4)

@@ -107,6 +107,8 @@ def special_values(
     tile = min(spec.tile_size, spec.dim)
     if spec.data_encoding is Encoding.E2M1X2:
         values[11:14] = e2m1_ties(spec.dim, dtype).float()
+    if spec.supports_fnuz:
+        values[11:14, : spec.tile_size * 7] = power_edge_tiles(spec.tile_size)
     values[0, :tile] = 0.0
     values[1, :tile] = torch.arange(tile).float() * 0.25 - 2.0  # ties
     values[2, :tile] = 1e-6  # below every floor
@@ -125,6 +127,29 @@ def special_values(
         values[6, :] = math.nan
         values[7, :16] = -math.nan
     return values[:n].to(dtype)
+
+
+def power_edge_tiles(tile: int) -> torch.Tensor:
+    """Three rows of seven fp32 tiles whose scale quotient sits on or just above a power of 2.
+
+    Row 0: amax ``240 * 2**k`` (the ROCm store's quotient is exactly ``2**k``); row 1:
+    the same plus ``t + 1`` units in the last place, where an fp32 ``log2`` may round down
+    onto ``k``; row 2: ``448 * 2**k`` plus ``t`` units (the CUDA store's boundary). The
+    other values of each tile are fractions of its amax, both signs.
+    """
+    rows = torch.empty(3, 7, tile)
+    fractions = torch.linspace(-0.97, 0.97, tile - 1)
+    for t in range(7):
+        exact = torch.tensor(240.0 * 2.0 ** (t - 6))
+        amaxes = (
+            exact,
+            (exact.view(torch.int32) + (t + 1)).view(torch.float32),
+            (torch.tensor(448.0 * 2.0 ** (t - 8)).view(torch.int32) + t).view(torch.float32),
+        )
+        for r, amax in enumerate(amaxes):
+            rows[r, t, 0] = amax
+            rows[r, t, 1:] = amax * fractions
+    return rows.reshape(3, 7 * tile)
 
 
 def e2m1_ties(dim: int, dtype: torch.dtype) -> torch.Tensor:

@@ -73,17 +73,18 @@ def write_matches_twin(
     if spec.heads > 1:
         values = values.view(n, spec.heads, spec.dim // spec.heads)
     kept = values.clone()
-    theirs, ours = buf.clone(), buf.clone()
-    kwargs = {"check_finite": not non_finite}
-    quantize(spec, values, theirs, loc.to(device), page_size, impl="torch", **kwargs)
-    quantize(spec, values, ours, loc.to(device, loc_dtype), page_size, impl="triton", **kwargs)
-    diff = as_bytes(ours) != as_bytes(theirs)
-    assert not bool(diff.any()), (
-        f"{int(diff.sum())} bytes differ, first at {diff.nonzero()[:4].tolist()}"
-    )
     outside = ~writable_mask(spec, buf, loc.tolist(), page_size).to(device)
-    assert torch.equal(as_bytes(ours)[outside], as_bytes(buf)[outside])
-    assert torch.equal(as_bytes(values), as_bytes(kept))  # values untouched
+    for fnuz in (False, True) if spec.supports_fnuz else (False,):
+        theirs, ours = buf.clone(), buf.clone()
+        kwargs = {"check_finite": not non_finite, "fnuz": fnuz}
+        quantize(spec, values, theirs, loc.to(device), page_size, impl="torch", **kwargs)
+        quantize(spec, values, ours, loc.to(device, loc_dtype), page_size, impl="triton", **kwargs)
+        diff = as_bytes(ours) != as_bytes(theirs)
+        assert not bool(diff.any()), (
+            f"fnuz={fnuz}: {int(diff.sum())} bytes differ, first at {diff.nonzero()[:4].tolist()}"
+        )
+        assert torch.equal(as_bytes(ours)[outside], as_bytes(buf)[outside])
+        assert torch.equal(as_bytes(values), as_bytes(kept))  # values untouched
 
 
 def every_scale_meets_every_code(spec: LayoutSpec, device: str, *, page_size: int = 4) -> None:

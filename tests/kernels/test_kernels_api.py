@@ -97,6 +97,22 @@ def test_cpu_tensors_need_the_interpreter() -> None:
         dequantize(V41, buf, torch.tensor([1]), 4, impl="triton")
 
 
+def test_rocm_builds_take_the_portable_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a ROCm torch the launcher picks the pure-integer paths (no NVIDIA conversions, no
+    inline PTX), e.g. the float FP4 writer instead of the PTX pairs writer."""
+    pytest.importorskip("triton")
+    from kvcompat.kernels import _launch
+
+    plan = write_plan(V41_FP4, torch.bfloat16, fnuz=False)
+    monkeypatch.setattr(_launch, "INTERPRETED", False)
+    monkeypatch.setattr(_launch, "FORCE_SOFT", False)
+    monkeypatch.setattr(_launch, "ROCM", False)
+    assert launch_family(plan, soft=_launch._soft()) == "write_fp4_pairs"
+    monkeypatch.setattr(_launch, "ROCM", True)
+    assert launch_family(plan, soft=_launch._soft()) == "write_fp4"
+    assert _launch._kwargs(plan, launch_settings("write_fp4", 8))["SOFT"] is True
+
+
 def test_impl_is_checked() -> None:
     buf = make_buffer(V41, 4, 2, seed=0)
     with pytest.raises(ValueError, match="impl must be"):
@@ -131,8 +147,14 @@ def test_every_layout_has_kernels() -> None:
         "scatter_rows"
     )
     assert write_plan(UNIFORM_FP8, torch.bfloat16, fnuz=False).family == "write_plain"
-    assert "fnuz" in str(unsupported(V4, write=True, fnuz=True, values_dtype=torch.bfloat16))
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):  # the ROCm V4 store
+        assert write_plan(V4, dtype, fnuz=True).constants["MODE"] == 3  # type: ignore[union-attr]
+        assert write_plan(V4, dtype, fnuz=False).constants["MODE"] == 0  # type: ignore[union-attr]
     assert unsupported(V4, write=False, fnuz=True) is None
+    for spec in (V41, DSA_FP8, UNIFORM_FP8, mha_layout(2, 8, torch.bfloat16)):
+        for write in (False, True):
+            reason = unsupported(spec, write=write, fnuz=True, values_dtype=torch.bfloat16)
+            assert reason == f"layout {spec.name!r} has no fnuz variant"
 
 
 @pytest.mark.parametrize("spec", [V41_FP4, V41_FP4_NEW], ids=lambda spec: spec.name)
