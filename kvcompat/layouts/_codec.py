@@ -236,8 +236,8 @@ def quantize(
             did, passing its normalised ``values`` and ``loc``). The check reads values
             back to the host, so a write inside CUDA-graph capture needs ``False``.
         impl: ``"auto"`` (Triton kernel for CUDA tensors when triton is installed and a
-            kernel serves the call: bf16/fp16/fp32 values, not the fnuz V4 store; else
-            the torch twin), ``"torch"`` or ``"triton"``. Both write the same bytes.
+            kernel serves the call: bf16/fp16/fp32 values; else the torch twin),
+            ``"torch"`` or ``"triton"``. Both write the same bytes.
 
     Raises:
         LayoutError: bad buffer or page size; ``fnuz`` on a layout without it.
