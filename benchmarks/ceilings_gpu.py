@@ -13,12 +13,13 @@ touch exactly the bytes the real kernel touches, in the same pattern, with no ar
 * V41_NEW write: 528-byte interleaved rows (which start or end mid-sector), with and
   without prefetching the edge sectors first.
 
-For V4 it also times the scale access with an L2 ``evict_last`` priority (the scale
-sectors, shared by neighbouring tokens, then stay in L2 for the rest of the launch), the
-same followed by a second launch that hands those lines back their normal priority
-(``applypriority.global.L2::evict_normal`` on each token's scale line), and measures what
-each leaves behind: the time to re-read an L2-resident 32 MiB working set right after
-the gather.
+For V4 it also times the streamed side (row loads and dense stores) with an L2
+``evict_first`` priority, so that the scale lines might outlive it in L2; the scale access
+with an L2 ``evict_last`` priority (the scale sectors, shared by neighbouring tokens, then
+stay in L2 for the rest of the launch); the same followed by a second launch that hands
+those lines back their normal priority (``applypriority.global.L2::evict_normal`` on each
+token's scale line); and measures what each leaves behind: the time to re-read an
+L2-resident 32 MiB working set right after the gather.
 
 Same timing as ``bench_kernels_gpu.py`` (CUDA-graph replay of K calls after an L2 flush,
 median of ``--reps``), same GB/s accounting (each token's row and written scale bytes, the
@@ -54,8 +55,10 @@ PAGE = bench.PAGE_SIZE
 def _gather_kernel(out_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE,
                    SCALE_STRIDE, ROW_WORDS: tl.constexpr, OUT_WORDS: tl.constexpr,
                    SCALE: tl.constexpr, BLOCK_T: tl.constexpr,
-                   SCALE_EVICT: tl.constexpr = ""):  # fmt: skip
-    """``ROW_WORDS`` int32 of each row (plus one scale word) into a dense ``OUT_WORDS`` row."""
+                   SCALE_EVICT: tl.constexpr = "", STREAM_EVICT: tl.constexpr = ""):  # fmt: skip
+    """``ROW_WORDS`` int32 of each row (plus one scale word) into a dense ``OUT_WORDS`` row.
+
+    ``STREAM_EVICT`` is the L2 policy of the row loads and the output stores."""
     src = buf_ptr.to(tl.pointer_type(tl.int32))
     dst = out_ptr.to(tl.pointer_type(tl.int32))
     tok, live, data_off, scale_off = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE,
@@ -63,21 +66,23 @@ def _gather_kernel(out_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 
     col = tl.arange(0, OUT_WORDS)
     in_row = col[None, :] < ROW_WORDS
     words = tl.load(src + ((data_off // 4)[:, None] + col[None, :]), mask=live[:, None] & in_row,
-                    other=0)  # fmt: skip
+                    other=0, eviction_policy=STREAM_EVICT)  # fmt: skip
     if SCALE:
         scale = tl.load(src + scale_off // 4, mask=live, other=0, eviction_policy=SCALE_EVICT)
         words = tl.where(in_row, words, scale[:, None])
-    tl.store(dst + (tok[:, None] * OUT_WORDS + col[None, :]), words, mask=live[:, None])
+    tl.store(dst + (tok[:, None] * OUT_WORDS + col[None, :]), words, mask=live[:, None],
+             eviction_policy=STREAM_EVICT)  # fmt: skip
 
 
 @triton.jit
 def _scatter_kernel(values_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE,
                     SCALE_STRIDE, ROW_WORDS: tl.constexpr, IN_WORDS: tl.constexpr,
                     SCALE: tl.constexpr, SPAN: tl.constexpr, BLOCK_T: tl.constexpr,
-                    SCALE_EVICT: tl.constexpr = ""):  # fmt: skip
+                    SCALE_EVICT: tl.constexpr = "", STREAM_EVICT: tl.constexpr = ""):  # fmt: skip
     """``IN_WORDS`` dense int32 in, ``ROW_WORDS`` out at the row, then the scale slot:
     ``SCALE`` 1 an 8-byte store, 2 an 8-byte read-modify-write keeping byte 7, 3 16 bytes.
-    ``SPAN`` > 0 prefetches the row's edge sectors first (as the V41_NEW writer does)."""
+    ``SPAN`` > 0 prefetches the row's edge sectors first (as the V41_NEW writer does).
+    ``STREAM_EVICT`` is the L2 policy of the value loads and the row stores."""
     src = values_ptr.to(tl.pointer_type(tl.int32))
     buf8 = buf_ptr.to(tl.pointer_type(tl.uint8))
     buf32 = buf_ptr.to(tl.pointer_type(tl.int32))
@@ -89,9 +94,11 @@ def _scatter_kernel(values_ptr, buf_ptr, loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRI
     if SCALE == 2:
         old = tl.load(buf64 + scale_off // 8, mask=live, other=0)
     col = tl.arange(0, IN_WORDS)
-    words = tl.load(src + (tok[:, None] * IN_WORDS + col[None, :]), mask=live[:, None], other=0)
-    tl.store(buf32 + ((data_off // 4)[:, None] + col[None, :]), words ^ 0x5A5A,
-             mask=live[:, None] & (col[None, :] < ROW_WORDS))  # fmt: skip
+    words = tl.load(src + (tok[:, None] * IN_WORDS + col[None, :]), mask=live[:, None], other=0,
+                    eviction_policy=STREAM_EVICT)  # fmt: skip
+    in_row = live[:, None] & (col[None, :] < ROW_WORDS)
+    tl.store(buf32 + ((data_off // 4)[:, None] + col[None, :]), words ^ 0x5A5A, mask=in_row,
+             eviction_policy=STREAM_EVICT)  # fmt: skip
     if SCALE == 1:
         tl.store(buf64 + scale_off // 8, tok, mask=live, eviction_policy=SCALE_EVICT)
     elif SCALE == 2:
@@ -175,6 +182,8 @@ def main() -> int:
         out = outs[i]
         hinted = _launch(_gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=144, OUT_WORDS=256,
                          SCALE=True, SCALE_EVICT="evict_last")  # fmt: skip
+        streamed = _launch(_gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=144, OUT_WORDS=256,
+                           SCALE=True, STREAM_EVICT="evict_first")  # fmt: skip
         return {
             "kvcompat": lambda: dequantize(
                 V4, buf, loc, PAGE, impl="triton", validate=False, out=out
@@ -188,6 +197,7 @@ def main() -> int:
             "row 512": _launch(
                 _gather_kernel, out, buf, loc, n, *geo, ROW_WORDS=128, OUT_WORDS=256, SCALE=False
             ),
+            "row 576 + scale, rows and output evict_first": streamed,
             "row 576 + scale, scale evict_last": hinted,
             "the same + priority reset": _then(hinted, _reset_priority(buf, loc, n, geo)),
         }
@@ -222,6 +232,10 @@ def main() -> int:
                 hinted = _launch(
                     _scatter_kernel, v, buf, loc, n, *geo, ROW_WORDS=row_words, IN_WORDS=256,
                     SCALE=1, SPAN=0, SCALE_EVICT="evict_last",
+                )  # fmt: skip
+                fns["row + 8 B scale, values and rows evict_first"] = _launch(
+                    _scatter_kernel, v, buf, loc, n, *geo, ROW_WORDS=row_words, IN_WORDS=256,
+                    SCALE=1, SPAN=0, STREAM_EVICT="evict_first",
                 )  # fmt: skip
                 fns["row + 8 B scale, scale evict_last"] = hinted
                 fns["the same + priority reset"] = _then(hinted, _reset_priority(buf, loc, n, geo))
