@@ -107,25 +107,21 @@ def _bf16_bits(x, SOFT: tl.constexpr):
 def _decode_e4m3(codes, FNUZ: tl.constexpr, SOFT: tl.constexpr):
     """uint8 e4m3 codes (fn, or fnuz) -> fp32, exactly; NaN codes give NaN.
 
-    fnuz codes always take the integer path: decoding them with the fn conversion and
-    fixing up 0x80 and +-0x7F measured no faster on an H200 (both integer-bound).
+    Without the hardware conversion (fnuz always, fn on the ``SOFT`` path): the code's
+    exponent and mantissa bits placed at fp32's give the value times ``2**-120`` (fn,
+    bias 7 against 127) or ``2**-119`` (fnuz, bias 8); subnormal codes land on fp32
+    subnormals, which ``mul.f32`` keeps. So one multiply decodes every code but NaN.
     """
     if FNUZ or SOFT:
         c = codes.to(tl.int32)
-        mag = c & 0x7F
-        exp = mag >> 3
-        man = mag & 7
+        bits = ((c & 0x7F) << 20) | ((c & 0x80) << 24)
         if FNUZ:
-            normal = (((exp + 119) << 23) | (man << 20)).to(tl.float32, bitcast=True)
-            sub = man.to(tl.float32) * 0.0009765625  # 2**-10
+            value = bits.to(tl.float32, bitcast=True) * (2.0**119)
             nan = c == 0x80
         else:
-            normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
-            sub = man.to(tl.float32) * 0.001953125  # 2**-9
-            nan = mag == 0x7F
-        value = tl.where(exp == 0, sub, normal)
-        bits = value.to(tl.int32, bitcast=True) | ((c >> 7) << 31)
-        value = tl.where(nan, float("nan"), bits.to(tl.float32, bitcast=True))
+            value = bits.to(tl.float32, bitcast=True) * (2.0**120)
+            nan = (c & 0x7F) == 0x7F
+        value = tl.where(nan, float("nan"), value)
     else:
         value = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     return value
@@ -172,7 +168,7 @@ def _encode_e4m3fnuz(y, SOFT: tl.constexpr):
         code = _encode_fp8_soft(y, 3, 8, True)
     else:
         c = (y * 2.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-        c = tl.where(tl.abs(y) > 232.0, (c & 0x80) | 0x7F, c)
+        c += (tl.abs(y) > 232.0).to(tl.int32)  # +-448 (0x7E / 0xFE) -> +-240 (0x7F / 0xFF)
         code = tl.where(c == 0x80, 0, c)
     return code.to(tl.uint8)
 
@@ -481,26 +477,30 @@ def _log2(x, SOFT: tl.constexpr):
 
 
 @triton.jit
-def _v4_rocm_scale(x, peak, SOFT: tl.constexpr):
+def _max_nan(a, b):
+    """``max`` that returns NaN if either operand is NaN (``max.NaN.f32``)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _v4_rocm_scale(x, SOFT: tl.constexpr):
     """Scale bytes and scaled values of V4 tiles ``x`` as SGLang's ROCm (fnuz) store makes them.
 
     ``c = ceil(log2(max(amax, 1e-8) / 240))`` with an IEEE division and an fp32 ``log2``
     (so a quotient just above a power of two can round down onto it, as in the twin), byte
     ``c + 127`` and values ``x * 2**-c`` clipped to +-240. A NaN in the tile makes the
     maximum NaN (torch's ``amax`` propagates it), and a non-finite ``c`` gives byte 255 and
-    a multiplier of 0 (inf) or NaN; NaN values clip to +240. ``peak`` is the NaN-free
-    maximum of ``|x|`` over the last axis. Returns ``(byte, y)`` with ``y`` finite.
+    a multiplier of 0 (inf) or NaN; NaN values clip to +240 (``min`` returns the non-NaN
+    operand, then ``max`` keeps 240). Returns ``(byte, y)`` with ``y`` finite.
     """
-    has_nan = tl.max((x != x).to(tl.int32), axis=2) > 0
-    amax = tl.where(has_nan, float("nan"), tl.maximum(peak, 1e-8))
+    amax = _max_nan(tl.reduce(tl.abs(x), 2, _max_nan), 1e-8)
     s = tl.math.div_rn(amax, tl.full(amax.shape, 240.0, tl.float32))
     c = tl.math.ceil(_log2(s, SOFT))
     finite = tl.abs(c) < float("inf")
     e = tl.where(finite, c, 0.0).to(tl.int32)
     inverse = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-c, exactly
     inverse = tl.where(finite, inverse, tl.where(c != c, c, 0.0))
-    y = x * inverse[:, :, None]
-    y = tl.where(y != y, 240.0, tl.minimum(tl.maximum(y, -240.0), 240.0))
+    y = tl.maximum(tl.minimum(x * inverse[:, :, None], 240.0), -240.0)
     return tl.where(finite, e + 127, 255), y
 
 
@@ -565,11 +565,11 @@ def _write_fp8_kernel(
         eviction_policy=EVICT,
     )
     x = x.to(tl.float32)
-    peak = _peak(x, SOFT)
     if MODE == 3:
-        exponent, y = _v4_rocm_scale(x, peak, SOFT)
+        exponent, y = _v4_rocm_scale(x, SOFT)
         codes = _encode_e4m3fnuz(y, SOFT)
     else:
+        peak = _peak(x, SOFT)
         if MODE == 2:
             scale, y = _dsa_scale(x, peak)
         else:
