@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -167,9 +166,9 @@ def _encode_e4m3fnuz(y, SOFT: tl.constexpr):
     if SOFT:
         code = _encode_fp8_soft(y, 3, 8, True)
     else:
-        c = (y * 2.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-        c += (tl.abs(y) > 232.0).to(tl.int32)  # +-448 (0x7E / 0xFE) -> +-240 (0x7F / 0xFF)
-        code = tl.where(c == 0x80, 0, c)
+        c = (y * 2.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        c += (tl.abs(y) > 232.0).to(tl.uint8)  # +-448 (0x7E / 0xFE) -> +-240 (0x7F / 0xFF)
+        code = tl.where(c == 0x80, 0, c).to(tl.uint8)
     return code.to(tl.uint8)
 
 
@@ -222,6 +221,10 @@ def _encode_e2m1(y, sign_of, SOFT: tl.constexpr):
 @triton.jit
 def _div_rn(x, s, r, SOFT: tl.constexpr):
     """IEEE ``x / s`` (round to nearest even) for ``s`` in [2**-9, 448], ``r = fl(1 / s)``.
+
+    For ``s = 240`` (the ROCm V4 store, which divides ``amax >= 1e-8``) it equals IEEE
+    division for every positive fp32 ``x`` from ``1.9e-37`` up, checked exhaustively on
+    an H200; below that, where the quotient is subnormal, 279,620 values differ.
 
     The hardware path does Markstein's correction instead of a full division: with ``r``
     correctly rounded and ``q0 = fl(x * r)`` within an ulp of ``x / s``, the residual
@@ -463,17 +466,23 @@ def _dsa_scale(x, peak):
 
 
 @triton.jit
-def _log2(x, SOFT: tl.constexpr):
-    """fp32 ``log2``: libdevice's ``log2f`` on a GPU, ``tl.log2`` (numpy's) in the interpreter.
+def _ceil_log2(s):
+    """``ceil(log2(s))`` (int32) for normal ``s > 0``, as an fp32 ``log2`` gives it.
 
-    libdevice's equals torch's CUDA ``log2`` on every fp32 in [2**-40, 2**121) (checked on
-    an H200); ``tl.log2`` is ``lg2.approx`` on NVIDIA GPUs, whose ceiling agreed there too.
+    ``s = 2**k * (1 + m * 2**-23)``: ``k`` when ``m = 0``; otherwise ``log2(s) = k + d``
+    with ``d`` about ``m * 2**-23 / ln 2``, and an fp32 ``log2`` (correctly rounded, or
+    within far less than the margins here) rounds that back onto ``k`` exactly when
+    ``fl(k + d) == k``, i.e. for a few small ``m`` once ``|k| >= 4``. The decision never
+    sits within 1 % of a rounding boundary, so estimating ``d`` to 2**-16 relative is
+    exact. Equal to ``torch.ceil(torch.log2(s))`` for every fp32 ``s`` in
+    ``[2**-40, 2**121)``, on the CPU and on an H200 (checked exhaustively).
     """
-    if SOFT:
-        r = tl.log2(x)
-    else:
-        r = libdevice.log2(x)
-    return r
+    bits = s.to(tl.int32, bitcast=True)
+    k = (bits >> 23) - 127
+    m = bits & 0x7FFFFF
+    kf = k.to(tl.float32)
+    rounds_up = tl.fma(m.to(tl.float32), 1.7198265086280863e-07, kf) != kf  # 2**-23 / ln 2
+    return k + ((m != 0) & rounds_up).to(tl.int32)
 
 
 @triton.jit
@@ -487,21 +496,24 @@ def _v4_rocm_scale(x, SOFT: tl.constexpr):
     """Scale bytes and scaled values of V4 tiles ``x`` as SGLang's ROCm (fnuz) store makes them.
 
     ``c = ceil(log2(max(amax, 1e-8) / 240))`` with an IEEE division and an fp32 ``log2``
-    (so a quotient just above a power of two can round down onto it, as in the twin), byte
+    (so a quotient just above a power of two can round down onto it, as in the twin; see
+    :func:`_ceil_log2`), byte
     ``c + 127`` and values ``x * 2**-c`` clipped to +-240. A NaN in the tile makes the
     maximum NaN (torch's ``amax`` propagates it), and a non-finite ``c`` gives byte 255 and
-    a multiplier of 0 (inf) or NaN; NaN values clip to +240 (``min`` returns the non-NaN
-    operand, then ``max`` keeps 240). Returns ``(byte, y)`` with ``y`` finite.
+    a multiplier of 0 (inf) or NaN; NaN values become +240 (``min`` returns the non-NaN
+    operand). Returns ``(byte, y)`` with ``y`` finite and ``|y| < 240 * (1 + 2**-17)``.
     """
     amax = _max_nan(tl.reduce(tl.abs(x), 2, _max_nan), 1e-8)
-    s = tl.math.div_rn(amax, tl.full(amax.shape, 240.0, tl.float32))
-    c = tl.math.ceil(_log2(s, SOFT))
-    finite = tl.abs(c) < float("inf")
-    e = tl.where(finite, c, 0.0).to(tl.int32)
-    inverse = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-c, exactly
-    inverse = tl.where(finite, inverse, tl.where(c != c, c, 0.0))
-    y = tl.maximum(tl.minimum(x * inverse[:, :, None], 240.0), -240.0)
-    return tl.where(finite, e + 127, 255), y
+    s = _div_rn(amax, 240.0, 1.0 / 240.0, SOFT)
+    finite = s < float("inf")  # amax is at least 1e-8, so s is normal or inf or NaN
+    c = tl.where(finite, _ceil_log2(s), 0)
+    inverse = ((127 - c) << 23).to(tl.float32, bitcast=True)  # 2**-c, exactly
+    inverse = tl.where(finite, inverse, tl.where(s != s, float("nan"), 0.0))
+    # |x * 2**-c| < 240 * (1 + 2**-17): s is rounded, and the log2 may round s down onto a
+    # power of two (m < 2**6, see _ceil_log2). The encoders round such values to +-240, as
+    # the twin's clamp does, so min() only has to map NaN to +240.
+    y = tl.minimum(x * inverse[:, :, None], 240.0)
+    return tl.where(finite, c + 127, 255), y
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """Compile kvcompat's GPU-only kernel paths for sm_90 without a GPU (run as a script).
 
-The inline PTX of the V41_FP4 pairs writer and the edge-sector prefetch, and the libdevice
-``log2`` of the ROCm-flavour V4 store, never run under the CPU interpreter, so this script
+The inline PTX of the V41_FP4 pairs writer and the edge-sector prefetch, and the hardware
+paths of the ROCm-flavour V4 kernels, never run under the CPU interpreter, so this script
 hands those kernels to Triton's own compiler for an H100/H200 target (ptxas ships with
 triton) and fails if any does not assemble. It prints one line per kernel: name, SASS size
 in bytes.

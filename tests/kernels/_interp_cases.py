@@ -44,6 +44,7 @@ from _kernel_checks import (
     empty_loc,
     every_scale_meets_every_code,
     read_matches_twin,
+    rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
     write_matches_twin,
@@ -111,6 +112,10 @@ def test_non_finite_writes_follow_the_twin(spec: object, dtype: torch.dtype) -> 
 @pytest.mark.parametrize("spec", [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW], ids=layout_id)
 def test_every_scale_byte_meets_every_code(spec: object) -> None:
     every_scale_meets_every_code(spec, DEVICE)  # type: ignore[arg-type]
+
+
+def test_rocm_store_divides_and_takes_log2_as_torch() -> None:
+    rocm_scale_parts(DEVICE, exhaustive=False)
 
 
 def test_dsa_reads_any_fp32_scale() -> None:

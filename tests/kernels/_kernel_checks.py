@@ -186,3 +186,40 @@ def roundtrip_random(
     read_twin = dequantize(spec, ours, loc, page_size, impl="torch")
     read_ours = dequantize(spec, ours, loc, page_size, impl="triton")
     assert torch.equal(as_bytes(read_ours), as_bytes(read_twin))
+
+
+def rocm_scale_parts(device: str, *, exhaustive: bool) -> None:
+    """The ROCm V4 store's ``amax / 240`` and ``ceil(log2(s))`` against torch's, bit for bit.
+
+    For fp32 from ``1e-8`` (the store's floor) to ``2**121`` (beyond ``fp32_max / 240``):
+    every one (``exhaustive``, on a GPU), else the 64 smallest mantissas of every binade
+    (where a ``log2`` can round down onto the integer) and 2**20 random ones. torch divides
+    by a tensor: a Python-scalar divisor makes it multiply by the reciprocal on CUDA.
+    """
+    import triton
+    from _arith_kernel import rocm_scale_parts_kernel
+
+    lo = int(torch.tensor(1e-8).view(torch.int32))
+    hi = int(torch.tensor(2.0**121).view(torch.int32))
+    if exhaustive:
+        chunks = [
+            torch.arange(start, min(start + (1 << 26), hi), dtype=torch.int32, device=device)
+            for start in range(lo, hi, 1 << 26)
+        ]
+    else:
+        binades = torch.arange(lo >> 23, hi >> 23, dtype=torch.int32)
+        small = ((binades[:, None] << 23) + torch.arange(64, dtype=torch.int32)).reshape(-1)
+        g = torch.Generator().manual_seed(11)
+        sampled = torch.randint(lo, hi, (1 << 20,), generator=g, dtype=torch.int32)
+        chunks = [torch.cat((small[small >= lo], sampled)).to(device)]
+    for bits in chunks:
+        x = bits.view(torch.float32)
+        quotient, ceil = torch.empty_like(x), torch.empty_like(bits)
+        grid = (triton.cdiv(x.numel(), 4096),)
+        rocm_scale_parts_kernel[grid](x, quotient, ceil, x.numel(), BLOCK=4096)
+        ieee = x / torch.full_like(x, 240.0)
+        wrong = quotient.view(torch.int32) != ieee.view(torch.int32)
+        assert not bool(wrong.any()), f"x / 240 differs at {x[wrong][:4].tolist()}"
+        wrong = ceil != torch.ceil(torch.log2(x)).to(torch.int32)
+        assert not bool(wrong.any()), f"ceil(log2(x)) differs at {x[wrong][:4].tolist()}"
+

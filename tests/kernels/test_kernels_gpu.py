@@ -32,6 +32,7 @@ from _kernel_checks import (
     empty_loc,
     every_scale_meets_every_code,
     read_matches_twin,
+    rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
     write_matches_twin,
@@ -116,6 +117,11 @@ def test_non_finite_writes_follow_the_twin(
 @pytest.mark.parametrize("spec", [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW], ids=layout_id)
 def test_every_scale_byte_meets_every_code(spec: LayoutSpec, soft: bool) -> None:
     every_scale_meets_every_code(spec, DEVICE)
+
+
+def test_rocm_store_divides_and_takes_log2_as_torch() -> None:
+    """Every fp32 from the store's floor 1e-8 up to 2**121 (about 1.2e9 values)."""
+    rocm_scale_parts(DEVICE, exhaustive=True)
 
 
 def test_dsa_reads_any_fp32_scale(soft: bool) -> None:
