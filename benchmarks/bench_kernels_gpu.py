@@ -7,9 +7,12 @@ tokens, each layout, read (gather-dequantize) and write (quantize-scatter), it t
 * ``kvcompat``: the Triton kernel (``impl="triton"``, ``validate=False``),
 * ``torch``: the torch twin (``impl="torch"``, ``validate=False``); for MHA/MLA rows also
   plain torch indexing (``index_select`` / ``index_copy_``), the natural baseline,
-* ``sglang``: SGLang's own Triton readers where they load (the V4 reader
-  ``dequantize_k_cache_paged_dsv4`` and the DSA reader; put the ``.device/kvlayouts``
-  stand-ins on ``PYTHONPATH``, see its README),
+* ``sglang``: SGLang's own Triton kernels where they load: the V4 reader
+  ``dequantize_k_cache_paged_dsv4``, the DSA reader, and for V4 writes its Triton store
+  ``triton_fused_store_flashmla`` (SGLang's ROCm path; on an NVIDIA GPU it runs with
+  e4m3fn, a same-shaped fused store, though its scale bytes are the log2-based ones of
+  the ROCm flavour); put the ``.device/kvlayouts`` stand-ins on ``PYTHONPATH``, see its
+  README,
 
 and prints GB/s (bytes read + written: each token's row and written scale bytes, the bf16
 values and the 8-byte location, once) and the kernel's share of copy bandwidth.
@@ -181,28 +184,38 @@ def pool(spec: LayoutSpec) -> torch.Tensor:
     return torch.randn(shape, device="cuda").to(spec.output_dtype)
 
 
-def sglang_readers() -> dict[str, Callable[..., object]]:
-    """SGLang's own readers that load here, by layout name (empty when none do)."""
+def sglang_kernels() -> dict[str, Callable[..., object]]:
+    """SGLang's own kernels that load here, by ``"<layout> <read|write>"`` (may be empty).
+
+    Readers are called as ``f(buf, loc, out)``, writers as ``f(buf, loc, values)``.
+    """
     found: dict[str, Callable[..., object]] = {}
     try:
         dq = importlib.import_module("sglang.kernels.ops.attention.dsv4.dequant_k_cache")
-        found["v4"] = lambda buf, loc, out: dq.dequantize_k_cache_paged_dsv4(
+        found["v4 read"] = lambda buf, loc, out: dq.dequantize_k_cache_paged_dsv4(
             buf, loc, PAGE_SIZE, out=out.view(-1, 1, 512)
         )
     except Exception as exc:  # noqa: BLE001 - report and go on: it runs without SGLang
         print(f"# SGLang V4 reader not loaded: {type(exc).__name__}: {exc}")
     try:
         dsa = importlib.import_module("sglang.kernels.ops.attention.dsa.dequant_k_cache")
-        found["dsa_fp8"] = lambda buf, loc, out: dsa.dequantize_k_cache_paged_dsa(
+        found["dsa_fp8 read"] = lambda buf, loc, out: dsa.dequantize_k_cache_paged_dsa(
             buf.view(torch.float8_e4m3fn), loc
         )
     except Exception as exc:  # noqa: BLE001 - as above
         print(f"# SGLang DSA reader not loaded: {type(exc).__name__}: {exc}")
+    try:
+        store = importlib.import_module("sglang.kernels.ops.kvcache.triton_store_cache")
+        found["v4 write"] = lambda buf, loc, values: store.triton_fused_store_flashmla(
+            values, buf, loc, PAGE_SIZE
+        )
+    except Exception as exc:  # noqa: BLE001 - as above
+        print(f"# SGLang V4 Triton store not loaded: {type(exc).__name__}: {exc}")
     return found
 
 
 def cases(spec: LayoutSpec, buf: torch.Tensor, n: int, direction: str,
-          readers: dict[str, Callable[..., object]], name: str,
+          engine: dict[str, Callable[..., object]], name: str,
           k: int = 1) -> dict[str, list[Callable[[], object]]]:  # fmt: skip
     """Per implementation, ``k`` calls on distinct locations and outputs / values."""
     plain = not spec.paged and spec.scale_encoding is None
@@ -237,8 +250,8 @@ def cases(spec: LayoutSpec, buf: torch.Tensor, n: int, direction: str,
                         buf, 0, loc, out=out.view_as(buf[:n])
                     ),
                 )
-            if name in readers:
-                add("sglang", lambda loc=loc, out=out, r=readers[name]: r(buf, loc, out))
+            if f"{name} read" in engine:
+                add("sglang", lambda loc=loc, out=out, r=engine[f"{name} read"]: r(buf, loc, out))
             continue
         values = torch.randn(n, spec.dim, device="cuda").to(torch.bfloat16)
         if spec.unscaled_max is not None:
@@ -258,6 +271,8 @@ def cases(spec: LayoutSpec, buf: torch.Tensor, n: int, direction: str,
         if plain and spec.output_dtype == torch.bfloat16:
             shaped = values.view(n, *buf.shape[1:])
             add("torch index", lambda loc=loc, v=shaped: buf.index_copy_(0, loc, v))
+        if f"{name} write" in engine:
+            add("sglang", lambda loc=loc, v=values, w=engine[f"{name} write"]: w(buf, loc, v))
     return fns  # fmt: skip
 
 
@@ -323,14 +338,14 @@ def sweep(reps: int, n: int) -> dict[str, tuple[int, int, bool]]:
     return best
 
 
-def diagnose(readers: dict[str, Callable[..., object]]) -> None:
+def diagnose(engine: dict[str, Callable[..., object]]) -> None:
     """Host launch cost and pure GPU time of small calls (where host overhead dominates)."""
     print("\n## small calls: host us/call (GPU not awaited), GPU us/call (graph replay)")
     for name, spec, direction in [("v4", V4, "read"), ("v4", V4, "write"),
                                   ("dsa_fp8", DSA_FP8, "write"), ("mha", MHA, "read")]:  # fmt: skip
         buf = pool(spec)
         for n in (4096, 65536):
-            fns = cases(spec, buf, n, direction, readers, name)
+            fns = cases(spec, buf, n, direction, engine, name)
             for label, group in fns.items():
                 fn = group[0]
                 if label == "torch":
@@ -372,9 +387,9 @@ def main() -> int:
     settings = {family: _config.launch_settings(family) for family in _config.DEFAULTS}
     shown = {f: (s.block_tokens, s.num_warps, s.evict_first) for f, s in settings.items()}
     print("# launch settings:", shown)
-    readers = sglang_readers()
+    engine = sglang_kernels()
     if args.diag:
-        diagnose(readers)
+        diagnose(engine)
     rows: list[dict[str, Any]] = []
     print("\n| layout | op | n | copy GB/s | kvcompat GB/s | % copy | eager GB/s | torch GB/s "
           "| other GB/s |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
@@ -387,7 +402,7 @@ def main() -> int:
                 k = 2 if n >= 1 << 20 else 8
                 try:
                     vol = volume(spec, n, direction)
-                    groups = cases(spec, buf, n, direction, readers, name, k=k)
+                    groups = cases(spec, buf, n, direction, engine, name, k=k)
                     twin = groups.pop("torch")[:1]
                     eager = groups["kvcompat"][:1]
                     graph = graph_ms({"copy": copy_calls(vol, k), **groups}, args.reps)
