@@ -157,11 +157,13 @@ def _encode_e4m3(y, SOFT: tl.constexpr):
 
 @triton.jit
 def _encode_e4m3fnuz(y, SOFT: tl.constexpr):
-    """Finite fp32 ``|y| <= 240`` -> e4m3fnuz code (uint8), round to nearest even.
+    """Finite fp32 ``|y| < 248`` -> e4m3fnuz code (uint8), round to nearest even.
 
-    The hardware path encodes ``2 * y`` as e4m3fn (the fnuz grid is the fn grid halved):
-    above fn's largest value 448 only fnuz's 240 (code 0x7F) is left, for ``|2y| > 464``
-    (464 itself ties to the even 448), and fn's -0 (0x80, fnuz's NaN) becomes +0.
+    Values above 240, the largest fnuz value, round to it (248 would be the midpoint to
+    the next binade). The hardware path encodes ``2 * y`` as e4m3fn (the fnuz grid is the
+    fn grid halved): above fn's largest value 448 only fnuz's 240 (code 0x7F) is left,
+    for ``|2y| > 464`` (464 itself ties to the even 448), and fn's -0 (0x80, fnuz's NaN)
+    becomes +0.
     """
     if SOFT:
         code = _encode_fp8_soft(y, 3, 8, True)
@@ -497,11 +499,12 @@ def _v4_rocm_scale(x, SOFT: tl.constexpr):
 
     ``c = ceil(log2(max(amax, 1e-8) / 240))`` with an IEEE division and an fp32 ``log2``
     (so a quotient just above a power of two can round down onto it, as in the twin; see
-    :func:`_ceil_log2`), byte
-    ``c + 127`` and values ``x * 2**-c`` clipped to +-240. A NaN in the tile makes the
-    maximum NaN (torch's ``amax`` propagates it), and a non-finite ``c`` gives byte 255 and
-    a multiplier of 0 (inf) or NaN; NaN values become +240 (``min`` returns the non-NaN
-    operand). Returns ``(byte, y)`` with ``y`` finite and ``|y| < 240 * (1 + 2**-17)``.
+    :func:`_ceil_log2`), byte ``c + 127`` and values ``x * 2**-c``, which the twin clips to
+    +-240. A NaN in the tile makes the maximum NaN (torch's ``amax`` propagates it), and a
+    non-finite ``c`` gives byte 255 and a multiplier of 0 (inf) or NaN; NaN values become
+    +240 (``min`` returns the non-NaN operand). Returns ``(byte, y)`` with ``y`` finite and
+    ``|y| < 240 * (1 + 2**-17)``, which :func:`_encode_e4m3fnuz` rounds as the clipped
+    value.
     """
     amax = _max_nan(tl.reduce(tl.abs(x), 2, _max_nan), 1e-8)
     s = _div_rn(amax, 240.0, 1.0 / 240.0, SOFT)
