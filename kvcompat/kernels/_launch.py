@@ -9,6 +9,8 @@ and :func:`kvcompat.layouts.quantize` (``validate=True``) before they call in he
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 
@@ -68,6 +70,16 @@ def _check_device(buf: torch.Tensor) -> None:
     else:
         msg = f"the Triton kernels need CUDA tensors; the buffer is on {buf.device}."
     raise RuntimeError(msg)
+
+
+def _on_device(buf: torch.Tensor) -> contextlib.AbstractContextManager[object]:
+    """Make ``buf``'s GPU the current device for a launch (Triton launches on the current one).
+
+    A no-op when it already is, which is the usual case (one process per GPU).
+    """
+    if buf.device.type == "cuda" and buf.device.index != torch.cuda.current_device():
+        return torch.cuda.device(buf.device)
+    return contextlib.nullcontext()
 
 
 def _check_aligned(what: str, tensor: torch.Tensor, align: int) -> None:
@@ -232,17 +244,23 @@ def gather_dequantize(
         return out
     settings = launch_settings(plan.family, None if INTERPRETED else n)
     grid = (-(-n // settings.block_tokens),)
-    if plan.family == "gather_rows":
-        word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), out.data_ptr())
-        jit._copy_rows_kernel[grid](
-            _raw(buf), _raw(out), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
-            **_kwargs(plan, settings, word),
-        )  # fmt: skip
-    elif plan.family == "read_fp4":
+    if plan.family == "read_fp4":
         _check_aligned("out", out, 4)
-        jit._read_fp4_kernel[grid](out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings))
-    else:
-        jit._read_fp8_kernel[grid](out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings))
+    with _on_device(buf):
+        if plan.family == "gather_rows":
+            word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), out.data_ptr())
+            jit._copy_rows_kernel[grid](
+                _raw(buf), _raw(out), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+                **_kwargs(plan, settings, word),
+            )  # fmt: skip
+        elif plan.family == "read_fp4":
+            jit._read_fp4_kernel[grid](
+                out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+            )
+        else:
+            jit._read_fp8_kernel[grid](
+                out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+            )
     return out
 
 
@@ -313,26 +331,27 @@ def quantize_scatter(
         rows = rows.clone()  # the FP4 kernels load value pairs as one word
     settings = launch_settings(family, None if INTERPRETED else n)
     grid = (-(-n // settings.block_tokens),)
-    if plan.family == "scatter_rows":
-        word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), rows.data_ptr())
-        jit._copy_rows_kernel[grid](
-            rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
-            **_kwargs(plan, settings, word),
-        )  # fmt: skip
-    elif plan.family == "write_plain":
-        jit._write_plain_kernel[grid](
-            rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
-            **_kwargs(plan, settings),
-        )  # fmt: skip
-    elif family == "write_fp4_pairs":
-        jit._write_fp4_pairs_kernel[grid](
-            rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-        )
-    elif family == "write_fp4":
-        jit._write_fp4_kernel[grid](
-            rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-        )
-    else:
-        jit._write_fp8_kernel[grid](
-            rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-        )
+    with _on_device(buf):
+        if plan.family == "scatter_rows":
+            word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), rows.data_ptr())
+            jit._copy_rows_kernel[grid](
+                rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+                **_kwargs(plan, settings, word),
+            )  # fmt: skip
+        elif plan.family == "write_plain":
+            jit._write_plain_kernel[grid](
+                rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+                **_kwargs(plan, settings),
+            )  # fmt: skip
+        elif family == "write_fp4_pairs":
+            jit._write_fp4_pairs_kernel[grid](
+                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+            )
+        elif family == "write_fp4":
+            jit._write_fp4_kernel[grid](
+                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+            )
+        else:
+            jit._write_fp8_kernel[grid](
+                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+            )

@@ -222,4 +222,3 @@ def rocm_scale_parts(device: str, *, exhaustive: bool) -> None:
         assert not bool(wrong.any()), f"x / 240 differs at {x[wrong][:4].tolist()}"
         wrong = ceil != torch.ceil(torch.log2(x)).to(torch.int32)
         assert not bool(wrong.any()), f"ceil(log2(x)) differs at {x[wrong][:4].tolist()}"
-

@@ -182,6 +182,17 @@ def test_many_tokens_many_programs(spec: LayoutSpec) -> None:
     assert torch.equal(as_bytes(ours), as_bytes(theirs))
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_kernels_launch_on_the_buffers_device(spec: LayoutSpec) -> None:
+    """A pool on the second GPU, read and written while the first is current (Triton
+    launches on the current device): the launch follows the buffer."""
+    with torch.cuda.device(0):
+        read_matches_twin(spec, 64, torch.int64, "cuda:1", tokens=300)
+        write_matches_twin(spec, 64, torch.bfloat16, "cuda:1", tokens=300)
+    torch.cuda.synchronize(1)
+
+
 @pytest.mark.parametrize(
     "spec", [V4, V41_NEW, V41_FP4, DSA_FP8, mha_layout(8, 128, torch.bfloat16)], ids=layout_id
 )
