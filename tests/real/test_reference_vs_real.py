@@ -237,26 +237,33 @@ _DTYPES = st.sampled_from([BF16, torch.float16, torch.float32, *FP8_DTYPES])
 _STAGE = st.tuples(st.integers(1, 3), st.none() | st.integers(0, 4), st.none() | st.integers(0, 8))
 
 
-@st.composite
-def mha_args(draw: st.DrawFn) -> dict[str, Any]:
+def _staged(draw: st.DrawFn, fields: dict[str, Any]) -> dict[str, Any]:
+    """A pool's constructor arguments: ``fields``, a drawn layer count and pipeline stage
+    (``start_layer`` / ``end_layer`` only when drawn), on the CPU without memory saver."""
     layer_num, start, end = draw(_STAGE)
-    args: dict[str, Any] = {
-        "size": draw(st.integers(1, 96)),
-        "page_size": draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64])),
-        "dtype": draw(_DTYPES),
-        "head_num": draw(st.integers(1, 4)),
-        "head_dim": draw(st.sampled_from([4, 8, 16])),
-        "layer_num": layer_num,
-        "device": "cpu",
-        "enable_memory_saver": False,
-    }
-    v_head_dim = draw(st.none() | st.sampled_from([4, 8, 16]))
-    if v_head_dim is not None:
-        args["v_head_dim"] = v_head_dim
+    args = {**fields, "layer_num": layer_num, "device": "cpu", "enable_memory_saver": False}
     if start is not None:
         args["start_layer"] = start
     if end is not None:
         args["end_layer"] = end
+    return args
+
+
+@st.composite
+def mha_args(draw: st.DrawFn) -> dict[str, Any]:
+    args = _staged(
+        draw,
+        {
+            "size": draw(st.integers(1, 96)),
+            "page_size": draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64])),
+            "dtype": draw(_DTYPES),
+            "head_num": draw(st.integers(1, 4)),
+            "head_dim": draw(st.sampled_from([4, 8, 16])),
+        },
+    )
+    v_head_dim = draw(st.none() | st.sampled_from([4, 8, 16]))
+    if v_head_dim is not None:
+        args["v_head_dim"] = v_head_dim
     return args
 
 
@@ -279,9 +286,17 @@ def _compare_buf_infos(real: Any, ref: Any, buffers: tuple[str, ...], label: str
         assert list(ptrs) == listed, f"{label}: {who} get_contiguous_buf_infos() pointers"
 
 
-def compare_mha(real: Any, ref: Any, label: str) -> None:
-    diffs = _diff_attrs(real, ref, MHA_ATTRS, label)
+def _compare_attrs_and_buffers(
+    real: Any, ref: Any, attrs: Iterable[str], buffers: Sequence[str], label: str
+) -> None:
+    """Equal public attributes ``attrs`` and equal facts about each tensor in ``buffers``."""
+    diffs = _diff_attrs(real, ref, attrs, label)
     assert not diffs, "\n".join(diffs)
+    assert_same(buffer_facts(real, buffers), buffer_facts(ref, buffers), f"{label}: buffers")
+
+
+def compare_mha(real: Any, ref: Any, label: str) -> None:
+    _compare_attrs_and_buffers(real, ref, MHA_ATTRS, MHA_BUFFERS, label)
     assert_same(real.get_v_head_dim(), ref.get_v_head_dim(), f"{label}: get_v_head_dim()")
     assert_same(
         tuple(int(x) for x in real.get_kv_size_bytes()),
@@ -289,9 +304,6 @@ def compare_mha(real: Any, ref: Any, label: str) -> None:
         f"{label}: get_kv_size_bytes()",
     )
     _compare_buf_infos(real, ref, ("k_buffer", "v_buffer"), label)
-    assert_same(
-        buffer_facts(real, MHA_BUFFERS), buffer_facts(ref, MHA_BUFFERS), f"{label}: buffers"
-    )
     ids = _probe_ids(real.start_layer, real.layer_num)
     _compare_getters(real, ref, MHA_BUFFERS, GETTERS, ids, label)
 
@@ -414,22 +426,16 @@ MLA_ATTRS = (
 
 @st.composite
 def mla_args(draw: st.DrawFn) -> dict[str, Any]:
-    layer_num, start, end = draw(_STAGE)
-    args: dict[str, Any] = {
-        "size": draw(st.integers(1, 96)),
-        "page_size": draw(st.sampled_from([1, 4, 16, 64])),
-        "dtype": draw(_DTYPES),
-        "kv_lora_rank": draw(st.sampled_from([8, 16, 32, 512])),
-        "qk_rope_head_dim": draw(st.sampled_from([4, 16, 64])),
-        "layer_num": layer_num,
-        "device": "cpu",
-        "enable_memory_saver": False,
-    }
-    if start is not None:
-        args["start_layer"] = start
-    if end is not None:
-        args["end_layer"] = end
-    return args
+    return _staged(
+        draw,
+        {
+            "size": draw(st.integers(1, 96)),
+            "page_size": draw(st.sampled_from([1, 4, 16, 64])),
+            "dtype": draw(_DTYPES),
+            "kv_lora_rank": draw(st.sampled_from([8, 16, 32, 512])),
+            "qk_rope_head_dim": draw(st.sampled_from([4, 16, 64])),
+        },
+    )
 
 
 def _mla_pair(args: dict[str, Any]) -> tuple[Any, Any]:
@@ -440,15 +446,11 @@ def _mla_pair(args: dict[str, Any]) -> tuple[Any, Any]:
 def test_mla_pool_matches_the_real_class(args: dict[str, Any]) -> None:
     real, ref = _mla_pair(args)
     label = f"MLATokenToKVPool({_show(args)})"
-    diffs = _diff_attrs(real, ref, MLA_ATTRS, label)
-    assert not diffs, "\n".join(diffs)
+    _compare_attrs_and_buffers(real, ref, MLA_ATTRS, ("kv_buffer",), label)
     assert_same(
         int(real.get_kv_size_bytes()), int(ref.get_kv_size_bytes()), f"{label}: get_kv_size_bytes()"
     )
     _compare_buf_infos(real, ref, ("kv_buffer",), label)
-    assert_same(
-        buffer_facts(real, ("kv_buffer",)), buffer_facts(ref, ("kv_buffer",)), f"{label}: buffers"
-    )
     ids = _probe_ids(real.start_layer, real.layer_num)
     _compare_getters(real, ref, ("kv_buffer",), GETTERS, ids, label)
     _compare_waits(real, ref, GETTERS, ids, label)
@@ -540,22 +542,17 @@ DSV4_ATTRS = (
 
 @st.composite
 def dsv4_args(draw: st.DrawFn) -> dict[str, Any]:
-    layer_num, start, end = draw(_STAGE)
     page_size = draw(st.sampled_from([1, 2, 4, 16, 64, 128, 256]))
-    args: dict[str, Any] = {
-        "size": draw(st.integers(1, 300)),
-        "page_size": page_size,
-        "dtype": draw(st.sampled_from([*FP8_DTYPES, torch.uint8])),
-        "qk_nope_head_dim": 448,
-        "qk_rope_head_dim": 64,
-        "layer_num": layer_num,
-        "device": "cpu",
-        "enable_memory_saver": False,
-    }
-    if start is not None:
-        args["start_layer"] = start
-    if end is not None:
-        args["end_layer"] = end
+    args = _staged(
+        draw,
+        {
+            "size": draw(st.integers(1, 300)),
+            "page_size": page_size,
+            "dtype": draw(st.sampled_from([*FP8_DTYPES, torch.uint8])),
+            "qk_nope_head_dim": 448,
+            "qk_rope_head_dim": 64,
+        },
+    )
     global_page = draw(st.none() | st.sampled_from([1, 2, 4]))
     if global_page is not None:
         args["global_page_size"] = page_size * global_page
@@ -572,13 +569,9 @@ def _dsv4_pair(args: dict[str, Any]) -> tuple[Any, Any]:
 def test_dsv4_single_pool_matches_the_real_class(args: dict[str, Any]) -> None:
     real, ref = _dsv4_pair(args)
     label = f"DeepSeekV4SingleKVPool({_show(args)})"
-    diffs = _diff_attrs(real, ref, DSV4_ATTRS, label)
-    assert not diffs, "\n".join(diffs)
+    _compare_attrs_and_buffers(real, ref, DSV4_ATTRS, ("kv_buffer",), label)
     assert_same(
         real.get_bytes_per_token(), ref.get_bytes_per_token(), f"{label}: get_bytes_per_token()"
-    )
-    assert_same(
-        buffer_facts(real, ("kv_buffer",)), buffer_facts(ref, ("kv_buffer",)), f"{label}: buffers"
     )
     ids = _probe_ids(real.start_layer, real.layer_num)
     # get_key_buffer's two branches (fp8: l - start_layer; uint8: raw l), below-stage ids and
@@ -700,17 +693,8 @@ def test_swa_pool_matches_the_real_class(args: dict[str, Any]) -> None:
     real, ref = _swa_pair(args)
     label = f"SWAKVPool({_show(args)})"
     diffs = _diff_attrs(real, ref, SWA_ATTRS, label)
-    for side in ("full_kv_pool", "swa_kv_pool"):
-        diffs += _diff_attrs(
-            getattr(real, side), getattr(ref, side), SWA_SUB_POOL_ATTRS, f"{label}.{side}"
-        )
+    diffs += _sub_pool_diffs(real, ref, SWA_SUB_POOL_ATTRS, label)
     assert not diffs, "\n".join(diffs)
-    attrs = (
-        "full_kv_pool.k_buffer",
-        "full_kv_pool.v_buffer",
-        "swa_kv_pool.k_buffer",
-        "swa_kv_pool.v_buffer",
-    )
     for side in ("full_kv_pool", "swa_kv_pool"):
         assert_same(
             buffer_facts(getattr(real, side), MHA_BUFFERS),
@@ -718,13 +702,7 @@ def test_swa_pool_matches_the_real_class(args: dict[str, Any]) -> None:
             f"{label}.{side}: buffers",
         )
     ids = _swa_probe_ids(args)
-    for layer in ids:
-        for getter in GETTERS:
-            assert_same(
-                _swa_outcome(real, partial(getattr(real, getter), layer)),
-                _swa_outcome(ref, partial(getattr(ref, getter), layer)),
-                f"{label}: {getter}({layer}) [{attrs}]",
-            )
+    _compare_swa_getters(real, ref, ids, label)
     _compare_waits(real, ref, GETTERS, ids, label)
 
 
@@ -740,33 +718,29 @@ def _swa_outcome(pool: Any, fn: Callable[[], Any]) -> Any:
     return outcome(_Both, ("full_k", "full_v", "swa_k", "swa_v"), fn)
 
 
-def test_swa_start_layer_through_kwargs_shifts_alike() -> None:
-    """Trap 5 reproduced by the reference: both sub-pools get the leaked start_layer."""
-    args: dict[str, Any] = {
-        "size": 64,
-        "size_swa": 32,
-        "page_size": 16,
-        "dtype": BF16,
-        "head_num": 2,
-        "head_dim": 8,
-        "swa_attention_layer_ids": [0, 2],
-        "full_attention_layer_ids": [1, 3],
-        "device": "cpu",
-        "enable_memory_saver": False,
-        "start_layer": 1,
-    }
-    real, ref = _swa_pair(args)
-    for layer in range(4):
+def _compare_swa_getters(real: Any, ref: Any, ids: Iterable[int], label: str) -> None:
+    """Each generic getter on each id: the same sub-pool tensor, or the same exception."""
+    for layer in ids:
         for getter in GETTERS:
             assert_same(
                 _swa_outcome(real, partial(getattr(real, getter), layer)),
                 _swa_outcome(ref, partial(getattr(ref, getter), layer)),
-                f"SWAKVPool(start_layer=1 via kwargs): {getter}({layer})",
+                f"{label}: {getter}({layer})",
             )
 
 
-def test_swa_sub_pool_metadata_matches_the_real_class() -> None:
-    args: dict[str, Any] = {
+def _sub_pool_diffs(real: Any, ref: Any, attrs: Iterable[str], label: str) -> list[str]:
+    """Attribute differences of the full and SWA sub-pools."""
+    diffs: list[str] = []
+    for side in ("full_kv_pool", "swa_kv_pool"):
+        diffs += _diff_attrs(getattr(real, side), getattr(ref, side), attrs, f"{label}.{side}")
+    return diffs
+
+
+def _swa_small(**overrides: Any) -> dict[str, Any]:
+    """A small SWA pool's arguments (layers 0 and 2 sliding-window, 1 and 3 full), fresh
+    lists each call."""
+    return {
         "size": 64,
         "size_swa": 32,
         "page_size": 16,
@@ -777,51 +751,34 @@ def test_swa_sub_pool_metadata_matches_the_real_class() -> None:
         "full_attention_layer_ids": [1, 3],
         "device": "cpu",
         "enable_memory_saver": False,
+        **overrides,
     }
+
+
+def test_swa_start_layer_through_kwargs_shifts_alike() -> None:
+    """Trap 5 reproduced by the reference: both sub-pools get the leaked start_layer."""
+    args = _swa_small(start_layer=1)
     real, ref = _swa_pair(args)
-    diffs = []
-    for side in ("full_kv_pool", "swa_kv_pool"):
-        diffs += _diff_attrs(
-            getattr(real, side),
-            getattr(ref, side),
-            ("model_layer_ids", "allocation_label"),
-            f"SWAKVPool.{side}",
-        )
+    _compare_swa_getters(real, ref, range(4), "SWAKVPool(start_layer=1 via kwargs)")
+
+
+def test_swa_sub_pool_metadata_matches_the_real_class() -> None:
+    real, ref = _swa_pair(_swa_small())
+    diffs = _sub_pool_diffs(real, ref, ("model_layer_ids", "allocation_label"), "SWAKVPool")
     assert not diffs, "\n".join(diffs)
 
 
 def test_swa_head_overrides_reach_only_the_swa_sub_pool() -> None:
-    args: dict[str, Any] = {
-        "size": 64,
-        "size_swa": 32,
-        "page_size": 16,
-        "dtype": BF16,
-        "head_num": 2,
-        "head_dim": 8,
-        "swa_attention_layer_ids": [0, 2],
-        "full_attention_layer_ids": [1, 3],
-        "device": "cpu",
-        "enable_memory_saver": False,
-        "swa_head_num": 4,
-        "swa_head_dim": 16,
-        "swa_v_head_dim": 4,
-    }
+    args = _swa_small(swa_head_num=4, swa_head_dim=16, swa_v_head_dim=4)
     real, ref = _swa_pair(args)
-    diffs = []
+    diffs = _sub_pool_diffs(real, ref, ("head_num", "head_dim", "v_head_dim"), "SWAKVPool")
+    assert not diffs, "\n".join(diffs)
     for side in ("full_kv_pool", "swa_kv_pool"):
-        diffs += _diff_attrs(
-            getattr(real, side),
-            getattr(ref, side),
-            ("head_num", "head_dim", "v_head_dim"),
+        assert_same(
+            buffer_facts(getattr(real, side), MHA_BUFFERS),
+            buffer_facts(getattr(ref, side), MHA_BUFFERS),
             f"SWAKVPool.{side}",
         )
-        if not diffs:
-            assert_same(
-                buffer_facts(getattr(real, side), MHA_BUFFERS),
-                buffer_facts(getattr(ref, side), MHA_BUFFERS),
-                f"SWAKVPool.{side}",
-            )
-    assert not diffs, "\n".join(diffs)
 
 
 # -- the consumer-facing surface ------------------------------------------------------------
@@ -912,18 +869,6 @@ def test_reference_has_what_consumers_use(ref_cls: type, real_name: str) -> None
 
 
 def test_reference_swa_has_what_consumers_use() -> None:
-    args: dict[str, Any] = {
-        "size": 64,
-        "size_swa": 32,
-        "page_size": 16,
-        "dtype": BF16,
-        "head_num": 2,
-        "head_dim": 8,
-        "swa_attention_layer_ids": [0, 2],
-        "full_attention_layer_ids": [1, 3],
-        "device": "cpu",
-        "enable_memory_saver": False,
-    }
-    real, ref = _swa_pair(args)
+    real, ref = _swa_pair(_swa_small())
     missing = _missing(ref, real, _SWA_SURFACE)
     assert missing == [], f"ReferenceSWAKVPool lacks {missing}"
