@@ -14,7 +14,7 @@ an ``int`` (passed through).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, Final
 
@@ -24,6 +24,8 @@ from _sglang.env import prepare_sglang
 
 __all__ = [
     "DSV4_LAYOUT_DIMS",
+    "OFFSET_KEY_BUILDERS",
+    "STAGED_BUILDERS",
     "STAGE_END",
     "EndLayer",
     "build_dsa_pool",
@@ -407,3 +409,25 @@ def build_dsv4_token_pool(
         **stage,
         **layout,
     )
+
+
+STAGED_BUILDERS: Final[tuple[tuple[str, Callable[..., Any], str], ...]] = (
+    ("MHATokenToKVPool", build_mha_pool, "k_buffer"),
+    ("MHATokenToKOnlyPool", build_k_only_pool, "k_buffer"),
+    ("MLATokenToKVPool", build_mla_pool, "kv_buffer"),
+    ("DSATokenToKVPool", build_dsa_pool, "kv_buffer"),
+    ("DeepSeekV4SingleKVPool", build_dsv4_single_pool, "kv_buffer"),
+    ("DeepSeekV4UniformFP8KVPool", build_dsv4_uniform_fp8_pool, "kv_buffer"),
+    ("HiSparseC4DevicePool", build_hisparse_c4_pool, "kv_buffer"),
+    ("DeepSeekV4IndexerPool", build_dsv4_indexer_pool, "index_k_with_scale_buffer"),
+)
+"""The single (non-composite) pools that take a pipeline stage: class name, builder, and
+the attribute holding the per-layer buffers ``get_key_buffer`` indexes."""
+
+OFFSET_KEY_BUILDERS: Final = tuple(
+    case
+    for case in STAGED_BUILDERS
+    if case[0] not in ("DeepSeekV4UniformFP8KVPool", "DeepSeekV4IndexerPool")
+)
+"""Those whose ``get_key_buffer`` subtracts ``start_layer`` (the uniform-fp8 and indexer
+pools index their key buffers by raw id: trap 3)."""

@@ -583,14 +583,7 @@ def test_dsv4_components_agree_with_the_native_layer_routed_getters(case: PoolCa
 
 # -- the traps (numbered as in sglang-on-cpu.md and docs/supported-pools.md) ---------------
 
-_ABS_START = [
-    ("MHATokenToKVPool", b.build_mha_pool, "k_buffer"),
-    ("MHATokenToKOnlyPool", b.build_k_only_pool, "k_buffer"),
-    ("MLATokenToKVPool", b.build_mla_pool, "kv_buffer"),
-    ("DSATokenToKVPool", b.build_dsa_pool, "kv_buffer"),
-    ("DeepSeekV4SingleKVPool", b.build_dsv4_single_pool, "kv_buffer"),
-    ("HiSparseC4DevicePool", b.build_hisparse_c4_pool, "kv_buffer"),
-]
+_ABS_START = b.OFFSET_KEY_BUILDERS
 
 
 @pytest.mark.parametrize(("name", "build", "attr"), _ABS_START, ids=[c[0] for c in _ABS_START])
@@ -627,16 +620,7 @@ def test_trap1_ids_below_start_layer_raise(name: str, build: Callable[..., Any],
             assert f"valid layer ids are {ids_text(range(1, 1 + layer_num))}" in str(exc), what
 
 
-_STAGE_BUILDERS = [
-    ("MHATokenToKVPool", b.build_mha_pool, "k_buffer"),
-    ("MHATokenToKOnlyPool", b.build_k_only_pool, "k_buffer"),
-    ("MLATokenToKVPool", b.build_mla_pool, "kv_buffer"),
-    ("DSATokenToKVPool", b.build_dsa_pool, "kv_buffer"),
-    ("DeepSeekV4SingleKVPool", b.build_dsv4_single_pool, "kv_buffer"),
-    ("DeepSeekV4UniformFP8KVPool", b.build_dsv4_uniform_fp8_pool, "kv_buffer"),
-    ("HiSparseC4DevicePool", b.build_hisparse_c4_pool, "kv_buffer"),
-    ("DeepSeekV4IndexerPool", b.build_dsv4_indexer_pool, "index_k_with_scale_buffer"),
-]
+_STAGE_BUILDERS = b.STAGED_BUILDERS
 
 
 @pytest.mark.parametrize(

@@ -383,14 +383,7 @@ def test_get_key_buffer_for_unserved_ids(case: PoolCase) -> None:
 
 # -- the traps of sglang-on-cpu.md ----------------------------------------------------------
 
-_ABS_START = [
-    ("MHATokenToKVPool", b.build_mha_pool, "k_buffer"),
-    ("MHATokenToKOnlyPool", b.build_k_only_pool, "k_buffer"),
-    ("MLATokenToKVPool", b.build_mla_pool, "kv_buffer"),
-    ("DSATokenToKVPool", b.build_dsa_pool, "kv_buffer"),
-    ("DeepSeekV4SingleKVPool", b.build_dsv4_single_pool, "kv_buffer"),
-    ("HiSparseC4DevicePool", b.build_hisparse_c4_pool, "kv_buffer"),
-]
+_ABS_START = b.OFFSET_KEY_BUILDERS
 
 
 @pytest.mark.parametrize(("name", "build", "attr"), _ABS_START, ids=[c[0] for c in _ABS_START])
@@ -409,16 +402,7 @@ def test_trap1_id_below_start_layer_silently_reads_a_served_layer(
     assert_raises(lambda: native.get_key_buffer(3), OUT_OF_RANGE, f"{name}: get_key_buffer(3)")
 
 
-_END_LAYER_BUILDERS = [
-    ("MHATokenToKVPool", b.build_mha_pool),
-    ("MHATokenToKOnlyPool", b.build_k_only_pool),
-    ("MLATokenToKVPool", b.build_mla_pool),
-    ("DSATokenToKVPool", b.build_dsa_pool),
-    ("DeepSeekV4SingleKVPool", b.build_dsv4_single_pool),
-    ("DeepSeekV4UniformFP8KVPool", b.build_dsv4_uniform_fp8_pool),
-    ("HiSparseC4DevicePool", b.build_hisparse_c4_pool),
-    ("DeepSeekV4IndexerPool", b.build_dsv4_indexer_pool),
-]
+_END_LAYER_BUILDERS = [(name, build) for name, build, _ in b.STAGED_BUILDERS]
 
 
 @pytest.mark.parametrize(
