@@ -182,6 +182,40 @@ def test_many_tokens_many_programs(spec: LayoutSpec) -> None:
     assert torch.equal(as_bytes(ours), as_bytes(theirs))
 
 
+def test_auto_takes_the_kernel_on_cuda_and_the_twin_where_none_serves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``impl="auto"`` (the default, and what adapters pass) launches the kernels for CUDA
+    buffers, and falls back to the twin for an unaligned buffer or fp64 values."""
+    from kvcompat.kernels import _launch
+
+    calls: list[str] = []
+
+    def recording(name: str) -> Any:
+        launcher = getattr(_launch, name)
+
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return launcher(*args, **kwargs)
+
+        return launch
+
+    for name in ("gather_dequantize", "quantize_scatter"):
+        monkeypatch.setattr(_launch, name, recording(name))
+    buf = make_buffer(V41, 64, 2, seed=0, device=DEVICE)
+    loc = torch.tensor([3, 70], device=DEVICE)
+    values = torch.randn(2, 512, device=DEVICE)
+    dequantize(V41, buf, loc, 64)
+    quantize(V41, values, buf, loc, 64)
+    assert calls == ["gather_dequantize", "quantize_scatter"]
+    calls.clear()
+    quantize(V41, values.double(), buf, loc, 64)  # no kernel takes fp64 values
+    flat = torch.zeros(2 * V41.page_bytes(64) + 8, dtype=torch.uint8, device=DEVICE)
+    shifted = flat[8:].view(2, V41.page_bytes(64))  # 8-byte aligned, not 16
+    dequantize(V41, shifted, loc, 64)
+    assert calls == []
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 @pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
 def test_kernels_launch_on_the_buffers_device(spec: LayoutSpec) -> None:
