@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvcompat._compat._marker import proxy_adapter
 from kvcompat._errors import UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat.adapters._composite import CompositeAdapter
@@ -194,6 +195,9 @@ def adapt(pool: Any) -> KVPoolProtocol:
         >>> k is v, kvcompat.adapt(pool) is pool
         (True, True)
     """
+    proxied = proxy_adapter(pool)
+    if proxied is not None:
+        return proxied  # type: ignore[no-any-return]  # a kvcompat.compat proxy: its adapter
     family = family_of(pool)
     if isinstance(pool, type):
         msg = (

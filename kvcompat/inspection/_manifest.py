@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcompat._compat._marker import unwrap_proxy
 from kvcompat._errors import UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, adapt, family_of, qualified_name
@@ -221,5 +222,5 @@ def describe(pool: Any) -> PoolManifest:
            v_buffer[0]  value  layer 0  bfloat16[32, 1, 128]  8.0 KiB  cpu
            v_buffer[1]  value  layer 1  bfloat16[32, 1, 128]  8.0 KiB  cpu
     """
-    native, adapter, name = _resolve(pool)
+    native, adapter, name = _resolve(unwrap_proxy(pool))
     return _node(Walk(), native, adapter, name=name, path="")
