@@ -109,8 +109,10 @@ class CompatPool:
             key = LogicalView(adapter, layer_id, "key", plan, storage)
             value = pair = None
             if plan.value_dim is not None:
-                value = key if plan.value_cols is None else LogicalView(
-                    adapter, layer_id, "value", plan, storage
+                value = (
+                    key
+                    if plan.value_cols is None
+                    else LogicalView(adapter, layer_id, "value", plan, storage)
                 )
                 part = adapter.component_for(layer_id)
                 pair = KVPair(key, value, shared=True, component=part)
@@ -341,7 +343,7 @@ def compat(pool: Any) -> Any:
         raise UnsupportedPoolError(msg)
     native_cls = type(native)
     proxy_cls = _proxy_type(native_cls)
-    proxy = object.__new__(proxy_cls)
+    proxy: Any = object.__new__(proxy_cls)
     object.__setattr__(proxy, "__dict__", state)
     object.__setattr__(proxy, "_kvcompat_adapter", adapter)
     object.__setattr__(proxy, "_kvcompat_layers", {})

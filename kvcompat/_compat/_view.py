@@ -154,10 +154,10 @@ def _opaque_plan(
 
 def _allowed() -> frozenset[Any]:
     tensor: Any = torch.Tensor
-    getters = ("shape", "dtype", "device", "ndim", "is_cuda", "is_cpu", "layout", "requires_grad")
-    getters += ("is_sparse", "is_quantized", "is_meta", "is_nested")
-    methods = ("size", "dim", "ndimension", "numel", "nelement", "element_size", "__len__")
-    methods += ("__hash__", "get_device", "is_floating_point", "is_complex")
+    getters: tuple[str, ...] = ("shape", "dtype", "device", "ndim", "is_cuda", "is_cpu")
+    getters += ("layout", "requires_grad", "is_sparse", "is_quantized", "is_meta", "is_nested")
+    methods: tuple[str, ...] = ("size", "dim", "ndimension", "numel", "nelement", "__len__")
+    methods += ("element_size", "__hash__", "get_device", "is_floating_point", "is_complex")
     return frozenset(
         [getattr(tensor, name).__get__ for name in getters]
         + [getattr(tensor, name) for name in methods]
@@ -208,7 +208,7 @@ class LogicalView(torch.Tensor):
 
     @staticmethod
     def __new__(
-        cls,
+        cls: type[LogicalView],
         adapter: KVPoolProtocol,
         layer_id: int,
         role: str,
@@ -217,7 +217,7 @@ class LogicalView(torch.Tensor):
     ) -> LogicalView:
         dim = plan.key_dim if role == "key" else plan.value_dim
         assert dim is not None
-        make: Any = torch.Tensor._make_wrapper_subclass  # type: ignore[attr-defined]
+        make: Any = torch.Tensor._make_wrapper_subclass
         view: LogicalView = make(
             cls, (plan.rows, plan.heads, dim), dtype=plan.dtype, device=storage.device
         )
@@ -257,7 +257,7 @@ class LogicalView(torch.Tensor):
         """
         return self._kv_adapter
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         plan = self._kv_plan
         return (
             f"LogicalView(layer={self._kv_layer}, role={self._kv_role!r}, "
@@ -271,9 +271,7 @@ class LogicalView(torch.Tensor):
     # -- torch's override protocol -------------------------------------------------
 
     @classmethod
-    def __torch_function__(
-        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in _ALLOWED:
             with torch._C.DisableTorchFunctionSubclass():
@@ -287,7 +285,7 @@ class LogicalView(torch.Tensor):
         raise view._refuse(_op_name(func))
 
     @classmethod
-    def __torch_dispatch__(
+    def __torch_dispatch__(  # type: ignore[override]  # torch types it as a plain function
         cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
         view = next((a for a in _flat(args, kwargs or {}) if isinstance(a, LogicalView)), None)
@@ -305,11 +303,13 @@ class LogicalView(torch.Tensor):
         if isinstance(index, torch.Tensor):
             if index.dtype == torch.bool:
                 if index.dim() != 1 or index.shape[0] != rows:
-                    raise self._refuse(f"{what} with a boolean mask of shape {tuple(index.shape)}")
+                    op = f"{what} with a boolean mask of shape {tuple(index.shape)}"
+                    raise self._refuse(op)
                 loc = index.nonzero().flatten()
                 return loc.to(device), (int(loc.shape[0]),)
             if index.dtype.is_floating_point or index.dtype.is_complex:
-                raise self._refuse(f"{what} with a {index.dtype} index")
+                op = f"{what} with a {index.dtype} index"
+                raise self._refuse(op)
             return index.reshape(-1).to(device=device, dtype=torch.long), tuple(index.shape)
         if isinstance(index, slice):
             start, stop, step = index.indices(rows)
@@ -330,7 +330,8 @@ class LogicalView(torch.Tensor):
                     )
                     raise IndexError(msg)
                 return torch.tensor([row % rows], device=device), ()
-        raise self._refuse(f"{what} with index {index!r}")
+        op = f"{what} with index {index!r}"
+        raise self._refuse(op)
 
     def _read(self, loc: torch.Tensor) -> torch.Tensor:
         plan = self._kv_plan
@@ -386,7 +387,8 @@ def _gather(func: Any, args: Any, kwargs: Any) -> torch.Tensor:
         rest: tuple[Any, ...] = ()
         if isinstance(index, tuple):
             if not index or index[0] is Ellipsis or index[0] is None:
-                raise view._refuse(f"view[{index!r}] (index the token rows first)")
+                op = f"view[{index!r}] (index the token rows first)"
+                raise view._refuse(op)
             index, rest = index[0], index[1:]
         loc, lead = view._rows(index, "view[...]")
         dense = view._read(loc)
@@ -396,12 +398,15 @@ def _gather(func: Any, args: Any, kwargs: Any) -> torch.Tensor:
     view = params.get("input", params.get("self"))
     if not isinstance(view, LogicalView):
         other = next(a for a in _flat(args, kwargs) if isinstance(a, LogicalView))
-        raise other._refuse("index_select() with the view as the index")
+        op = "index_select() with the view as the index"
+        raise other._refuse(op)
     if set(params) - {"input", "self", "dim", "index"} or params.get("dim") not in (0, -3):
-        raise view._refuse(f"index_select({', '.join(sorted(k for k in params if k != 'input'))})")
+        op = f"index_select({', '.join(sorted(k for k in params if k != 'input'))})"
+        raise view._refuse(op)
     index = params["index"]
     if not isinstance(index, torch.Tensor) or index.dim() > 1:
-        raise view._refuse("index_select() with a non-1-D index")
+        op = "index_select() with a non-1-D index"
+        raise view._refuse(op)
     loc, _ = view._rows(index, "index_select()")
     return view._read(loc)
 
@@ -409,19 +414,24 @@ def _gather(func: Any, args: Any, kwargs: Any) -> torch.Tensor:
 def _store(view: Any, index: Any, value: Any) -> None:
     if not isinstance(view, LogicalView):
         other = next(a for a in (index, value) if isinstance(a, LogicalView))
-        raise other._refuse("assigning a logical view into a tensor")
+        op = "assigning a logical view into a tensor"
+        raise other._refuse(op)
     if isinstance(index, tuple):
-        raise view._refuse("view[rows, ...] = x (a partial-row write cannot be quantized)")
+        op = "view[rows, ...] = x (a partial-row write cannot be quantized)"
+        raise view._refuse(op)
     if view._kv_role == "value" and view._kv_plan.value_cols is not None:
-        raise view._refuse(
+        op = (
             "view[loc] = x on a latent pool's value view (the value is part of the key row; "
             "assign whole rows through get_key_buffer())"
         )
+        raise view._refuse(op)
     loc, lead = view._rows(index, "view[loc] = x")
     if not isinstance(value, torch.Tensor):
-        raise view._refuse(f"view[loc] = {type(value).__name__} (assign a tensor of rows)")
+        op = f"view[loc] = {type(value).__name__} (assign a tensor of rows)"
+        raise view._refuse(op)
     if isinstance(value, LogicalView):
-        raise value._refuse("reading a whole logical view as the assigned value")
+        op = "reading a whole logical view as the assigned value"
+        raise value._refuse(op)
     n = int(loc.shape[0])
     rows = value.reshape(n, -1) if value.numel() and value.shape[: len(lead)] == lead else value
     view._kv_adapter.write(view._kv_layer, loc, rows)

@@ -38,9 +38,9 @@ def main() -> None:
     print("tokens  view[loc] us  adapter.read us  mha k_buffer[loc] us")
     for n in (1, 64, 1024, 4096):
         loc = torch.randperm(4096)[:n]
-        via_view = _median_us(lambda: view[loc], 200)
-        via_read = _median_us(lambda: v4.kvcompat.read(0, loc), 200)
-        native = _median_us(lambda: mha.k_buffer[0][loc], 200)
+        via_view = _median_us(lambda loc=loc: view[loc], 200)
+        via_read = _median_us(lambda loc=loc: v4.kvcompat.read(0, loc), 200)
+        native = _median_us(lambda loc=loc: mha.k_buffer[0][loc], 200)
         print(f"{n:6d}  {via_view:12.1f}  {via_read:15.1f}  {native:19.1f}")
     getter_native = _median_us(lambda: mha.get_key_buffer(0), 2000)
     getter_proxy = _median_us(lambda: proxy.get_key_buffer(0), 2000)

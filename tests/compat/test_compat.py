@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from _sglang.builders import radix_layer
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.nn import functional
 
 import kvcompat
 from kvcompat.compat import CompatPool, CompatViewError, LogicalView
@@ -142,7 +142,7 @@ _REFUSED: list[tuple[str, Callable[[Any], Any]]] = [
     ("Tensor.add()", lambda v: v + 1),
     ("torch.add", lambda v: torch.add(v, 1)),
     ("aten.add", lambda v: torch.ops.aten.add(v, 1)),
-    ("scaled_dot_product_attention", lambda v: F.scaled_dot_product_attention(v, v, v)),
+    ("scaled_dot_product_attention", lambda v: functional.scaled_dot_product_attention(v, v, v)),
     ("Tensor.movedim()", lambda v: v.movedim(0, 1)),
     ("index the token rows first", lambda v: v[..., :3]),
     ("partial-row write", lambda v: v.__setitem__((torch.tensor([1]), 0), torch.ones(1, 512))),
@@ -164,7 +164,13 @@ def test_any_other_use_raises_a_clear_error(name: str, use: Callable[[Any], Any]
 
 def test_metadata_answers_logically_and_repr_names_the_layout() -> None:
     view = kvcompat.compat(_v4()).get_key_buffer(1)
-    assert (view.dim(), view.ndim, len(view), view.size(-1), view.numel()) == (3, 3, 192, 512, 192 * 512)
+    assert (view.dim(), view.ndim, len(view), view.size(-1), view.numel()) == (
+        3,
+        3,
+        192,
+        512,
+        192 * 512,
+    )
     assert view.device == torch.device("cpu")
     assert "layout='v4'" in repr(view)
     assert f"{view}" == repr(view)

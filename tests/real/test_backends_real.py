@@ -54,10 +54,10 @@ REQUESTS: tuple[tuple[int, int], ...] = ((6, 3), (4, 2))
 
 def _modules() -> SimpleNamespace:
     prepare_sglang()
-    import sglang.srt.layers.attention.torch_native_backend as torch_native  # noqa: PLC0415
-    import sglang.srt.layers.radix_attention as radix  # noqa: PLC0415
-    import sglang.srt.mem_cache.memory_pool as memory_pool  # noqa: PLC0415
-    import sglang.srt.model_executor.forward_batch_info as batch_info  # noqa: PLC0415
+    import sglang.srt.layers.attention.torch_native_backend as torch_native
+    import sglang.srt.layers.radix_attention as radix
+    import sglang.srt.mem_cache.memory_pool as memory_pool
+    import sglang.srt.model_executor.forward_batch_info as batch_info
 
     return SimpleNamespace(
         backend=torch_native.TorchNativeAttnBackend,
@@ -107,7 +107,9 @@ def _layer(m: SimpleNamespace, sc: Scenario, layer_id: int) -> Any:
 def _batch(m: SimpleNamespace, sc: Scenario, starts: Sequence[int], ends: Sequence[int]) -> Any:
     """A ForwardBatch writing tokens [start, end) of each request (decode: one token each)."""
     decode = all(e - s == 1 for s, e in zip(starts, ends, strict=True)) and min(starts) > 0
-    out_loc = torch.cat([sc.slots[r][s:e] for r, (s, e) in enumerate(zip(starts, ends, strict=True))])
+    out_loc = torch.cat(
+        [sc.slots[r][s:e] for r, (s, e) in enumerate(zip(starts, ends, strict=True))]
+    )
     seq_lens = torch.tensor(list(ends))
     return m.batch(
         forward_mode=m.mode.DECODE if decode else m.mode.EXTEND,
@@ -158,8 +160,10 @@ def run_backend(pool: Any, sc: Scenario) -> dict[int, torch.Tensor]:
                 torch.cat([d[i][s:e] for d, s, e in zip(data, starts, ends, strict=True)])
                 for i in range(3)
             )
-            forward = backend.forward_decode if batch.forward_mode.is_decode() else (
-                backend.forward_extend
+            forward = (
+                backend.forward_decode
+                if batch.forward_mode.is_decode()
+                else (backend.forward_extend)
             )
             o = forward(q.reshape(q.shape[0], -1), k, v, layer, batch)
             outputs[layer_id].append(o.view(-1, Q_HEADS, sc.head_dim))
@@ -186,9 +190,8 @@ def dense_reference(
     """
     window = sc.windows[layer_id]
     outs = []
-    for r, (q, k, v) in enumerate(_inputs(sc, layer_id)):
-        if kv is not None:
-            k, v = kv(r, k, v)
+    for r, (q, k_in, v_in) in enumerate(_inputs(sc, layer_id)):
+        k, v = (k_in, v_in) if kv is None else kv(r, k_in, v_in)
         n = q.shape[0]
         group = Q_HEADS // sc.kv_heads
         kf = k.float().repeat_interleave(group, dim=1)
@@ -251,7 +254,9 @@ def test_swa_of_mha_through_compat_is_bit_identical_to_native(mapping: str) -> N
 
 
 def _all_tensors(pool: Any) -> list[torch.Tensor]:
-    return [t for side in (pool.full_kv_pool, pool.swa_kv_pool) for t in side.k_buffer + side.v_buffer]
+    return [
+        t for side in (pool.full_kv_pool, pool.swa_kv_pool) for t in side.k_buffer + side.v_buffer
+    ]
 
 
 # -- DeepSeek-V4: within the layout's quantization error -------------------------------------
@@ -263,6 +268,7 @@ def _check_v4(proxy: Any, sc: Scenario, out: dict[int, torch.Tensor]) -> list[fl
     adapter = proxy.kvcompat
     errors = []
     for layer in sc.windows:
+
         def stored(r: int, k: torch.Tensor, v: torch.Tensor, layer: int = layer) -> Any:
             back = adapter.read(layer, _swa_slots(proxy, sc.slots[r]))
             return back, back

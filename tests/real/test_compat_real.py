@@ -191,7 +191,7 @@ def test_the_proxy_is_transparent_to_isinstance_detectors_and_inspection(case: P
 
 def test_kv_canary_registry_accepts_the_proxy() -> None:
     prepare_sglang()
-    from sglang.srt.kv_canary.pool_patcher import api  # noqa: PLC0415
+    from sglang.srt.kv_canary.pool_patcher import api
 
     for build in (b.build_mha_pool, b.build_swa_pool, b.build_dsv4_token_pool):
         native = build()
@@ -202,7 +202,7 @@ def test_kv_canary_registry_accepts_the_proxy() -> None:
 
 def test_sglangs_fused_write_helper_through_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     prepare_sglang()
-    import sglang.srt.models.utils as model_utils  # noqa: PLC0415
+    import sglang.srt.models.utils as model_utils
 
     layer = radix_layer(0)
     layer.k_scale = layer.v_scale = None
@@ -217,5 +217,7 @@ def test_sglangs_fused_write_helper_through_the_proxy(monkeypatch: pytest.Monkey
     assert got.v_buffer.data_ptr() == expected.v_buffer.data_ptr()
     v4 = kvcompat.compat(b.build_dsv4_single_pool())
     monkeypatch.setattr(model_utils, "get_token_to_kv_pool", lambda: v4)
-    with pytest.raises(CompatViewError, match=r"Tensor\.view\(\)"):  # was: token-row args over pages
+    with pytest.raises(
+        CompatViewError, match=r"Tensor\.view\(\)"
+    ):  # was: token-row args over pages
         model_utils.create_fused_set_kv_buffer_arg(value, layer, batch)
