@@ -1,4 +1,4 @@
-"""Measure what the compat proxy costs per call (CPU): ``python tests/compat/measure_gather.py``.
+"""Measure what the compat proxy costs per call: ``python tests/compat/measure_gather.py [cuda]``.
 
 Prints, per token count, the median time of one gather through a DeepSeek-V4 logical view
 (``view[loc]``), of the key-first read it wraps (``adapter.read``), and of the plain index of
@@ -8,6 +8,7 @@ an MHA pool's native tensor; then the getter overhead on MHA (native vs proxy).
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -18,26 +19,33 @@ from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool, ReferenceMHATokenT
 
 
 def _median_us(call: Callable[[], object], repeat: int) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
     for _ in range(3):
         call()
     times = []
     for _ in range(repeat):
+        sync()
         start = time.perf_counter()
         call()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e6
 
 
-def main() -> None:
+def main(device: str) -> None:
     torch.set_num_threads(1)
-    v4 = kvcompat.compat(ReferenceDeepSeekV4SingleKVPool(4096, 64, layer_num=1))
-    mha = ReferenceMHATokenToKVPool(4096, 16, torch.bfloat16, head_num=1, head_dim=512)
+    v4 = kvcompat.compat(ReferenceDeepSeekV4SingleKVPool(4096, 64, layer_num=1, device=device))
+    mha = ReferenceMHATokenToKVPool(
+        4096, 16, torch.bfloat16, head_num=1, head_dim=512, device=device
+    )
     proxy = kvcompat.compat(mha)
     view = v4.get_key_buffer(0)
-    view[torch.arange(4096)] = torch.randn(4096, 1, 512).to(torch.bfloat16)
+    every = torch.arange(4096, device=device)
+    view[every] = torch.randn(4096, 1, 512, device=device).to(torch.bfloat16)
+    print(f"device {device}")
     print("tokens  view[loc] us  adapter.read us  mha k_buffer[loc] us")
     for n in (1, 64, 1024, 4096):
-        loc = torch.randperm(4096)[:n]
+        loc = torch.randperm(4096, device=device)[:n]
         via_view = _median_us(lambda loc=loc: view[loc], 200)
         via_read = _median_us(lambda loc=loc: v4.kvcompat.read(0, loc), 200)
         native = _median_us(lambda loc=loc: mha.k_buffer[0][loc], 200)
@@ -52,4 +60,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
