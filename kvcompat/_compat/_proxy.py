@@ -208,7 +208,7 @@ class CompatPool:
                 f"{type(layer).__name__}.\nHint: pass the RadixAttention layer, as SGLang does."
             )
             raise WriteError(msg)
-        token_loc = _token_loc(adapter, layer_id, loc)
+        token_loc = _device_loc(adapter, layer_id, _token_loc(adapter, layer_id, loc))
         key = cache_k if k_scale in (None, 1.0) else cache_k / k_scale
         value = None
         if _routes_to(adapter, layer_id, PoolKind.SPLIT):
@@ -258,6 +258,29 @@ def _token_loc(adapter: KVPoolProtocol, layer_id: int, loc: Any) -> Any:
         "(pool.register_mapping(...))."
     )
     raise WriteError(msg)
+
+
+def _device_loc(adapter: KVPoolProtocol, layer_id: int, loc: Any) -> Any:
+    """HiSparse pools: compressed locations -> device slots, as their native writers translate.
+
+    Their buffers (and the views' gathers) are indexed by HiSparse device slot, while their
+    native writers (``set_key_buffer*``) take compressed locations and translate them with
+    the registered mapping; ``set_kv_buffer`` does the same, and refuses without a mapping.
+    """
+    part = adapter.component_for(layer_id) if adapter.kind is PoolKind.COMPOSITE else None
+    native = (adapter if part is None else adapter.components[part]).native
+    if not hasattr(type(native), "translate_loc_to_hisparse_device"):
+        return loc
+    if getattr(native, "full_to_hisparse_device_index_mapping", None) is None:
+        msg = (
+            f"{type(native).__qualname__} stores layer {layer_id} by HiSparse device slot; "
+            "set_kv_buffer takes compressed locations, as its native writers do, but no "
+            "compressed->device mapping is registered, so they cannot be translated.\n"
+            "Hint: register the mapping first (pool.register_mapping(...)), or write device "
+            "slots directly with the key-first API: pool.kvcompat.write(layer_id, slots, k)."
+        )
+        raise WriteError(msg)
+    return native.translate_loc_to_hisparse_device(loc).long()
 
 
 _types_lock = threading.Lock()

@@ -104,6 +104,11 @@ def test_dsv4_pools_run_an_unported_backend(build: Any) -> None:
     loc: object = torch.tensor([5, 6])
     if kvcompat.is_composite_pool(native):
         loc = _write_loc(loc=torch.tensor([99, 98]), swa_loc=loc)
+    if build is b.build_hisparse_c4_pool:  # compressed loc 2, 3 -> device slots 5, 6
+        with pytest.raises(kvcompat.WriteError, match="no compressed->device mapping"):
+            pool.set_kv_buffer(radix_layer(layer_id), torch.tensor([2, 3]), keys, None)
+        native.register_mapping(torch.tensor([0, 9, 5, 6, 7]))
+        loc = torch.tensor([2, 3])
     pool.set_kv_buffer(radix_layer(layer_id), loc, keys, None)
     back = k[torch.tensor([5, 6])]
     assert torch.equal(back, pool.kvcompat.read(layer_id, torch.tensor([5, 6])))
