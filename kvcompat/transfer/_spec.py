@@ -48,6 +48,9 @@ class BufferSpec:
             ``ptr + i * item_length``.
         dtype: element dtype of the tensor.
         row_shape: the tensor's shape without its leading axis.
+        row_bytes: bytes of one row (one index of the leading axis).
+        row_unit: what one row is (``"token"``, ``"page"``, ``"slot"``, ``"state"``),
+            or None.
 
     Example:
         >>> from kvcompat.transfer import pool_spec
@@ -68,6 +71,8 @@ class BufferSpec:
     item_length: int
     dtype: str
     row_shape: tuple[int, ...]
+    row_bytes: int = 0
+    row_unit: str | None = None
 
     @property
     def items(self) -> int:
@@ -146,6 +151,8 @@ class BufferSpec:
             "item_length": self.item_length,
             "dtype": self.dtype,
             "row_shape": list(self.row_shape),
+            "row_bytes": self.row_bytes,
+            "row_unit": self.row_unit,
         }
 
     @classmethod
@@ -172,6 +179,8 @@ class BufferSpec:
             item_length=int(data["item_length"]),
             dtype=str(data["dtype"]),
             row_shape=tuple(int(n) for n in data["row_shape"]),
+            row_bytes=int(data.get("row_bytes", 0)),
+            row_unit=None if data.get("row_unit") is None else str(data["row_unit"]),
         )
 
 
@@ -426,6 +435,10 @@ def pool_spec(pool: Any) -> PoolSpec:
                 item_length=d.item_length,
                 dtype=tensor.dtype,
                 row_shape=tuple(tensor.shape[1:]),
+                row_bytes=tensor.nbytes // tensor.shape[0]
+                if tensor.shape and tensor.shape[0]
+                else 0,
+                row_unit=tensor.row_unit,
             )
         )
     parts = {node.name: _component(node) for node in manifest.walk()}
