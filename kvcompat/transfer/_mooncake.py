@@ -112,7 +112,13 @@ class MooncakeEngine:
         return metadata.decode() if isinstance(metadata, bytes) else str(metadata)
 
     def prepare(
-        self, plan: TransferPlan, peer: str, *, op: str = "WRITE", chunks: int = 1
+        self,
+        plan: TransferPlan,
+        peer: str,
+        *,
+        op: str = "WRITE",
+        chunks: int = 1,
+        max_batch: int = 512,
     ) -> PreparedTransfer:
         """Split the plan's address lists into ``chunks`` batches once; reuse them.
 
@@ -121,6 +127,9 @@ class MooncakeEngine:
             peer: the session id :meth:`connect` returned.
             op: ``"WRITE"`` (this process holds ``plan.src``) or ``"READ"`` (``plan.dst``).
             chunks: batches; a failure then loses only the batches that did not complete.
+            max_batch: at most this many descriptors per batch (more batches when the
+                plan has more): over TCP, one batch of 4,096 descriptors overflows the
+                engine's lane queue ("queue-full rejection") and fails as a whole.
         """
         self._check_open()
         operation = check_op(op)
@@ -134,7 +143,11 @@ class MooncakeEngine:
         local = [d.src if pushing else d.dst for d in plan.descriptors]
         remote = [d.dst if pushing else d.src for d in plan.descriptors]
         lengths = [d.length for d in plan.descriptors]
-        prepared = PreparedTransfer(plan, peer, operation, chunk_ranges(len(local), chunks))
+        if max_batch < 1:
+            msg = f"max_batch must be a positive int, got {max_batch!r}."
+            raise TransferError(msg)
+        batches = max(chunks, -(-len(local) // max_batch))
+        prepared = PreparedTransfer(plan, peer, operation, chunk_ranges(len(local), batches))
         for part in prepared.chunks:
             prepared.handles.append(
                 (
