@@ -100,10 +100,12 @@ def time_copies(
 
 
 def gpu_views(pool: Any, plan: Any, side: int) -> list[torch.Tensor]:
-    """Views into a CUDA pool's buffers for the plan's descriptors (addresses -> offsets)."""
-    flat = {
-        int(t.data_ptr()): t.view(torch.uint8).reshape(-1) for t in (*pool.k_buffer, *pool.v_buffer)
-    }
+    """Views into a CUDA pool's storage for the plan's descriptors (addresses -> offsets)."""
+    flat = {}
+    for tensor in (*pool.k_buffer, *pool.v_buffer):
+        storage = tensor.untyped_storage()
+        whole = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+        flat[int(storage.data_ptr())] = whole
     out = []
     for d in plan.descriptors:
         addr = d.src if side == 0 else d.dst
