@@ -236,3 +236,26 @@ def test_import_kvcompat_transfer_imports_no_engine() -> None:
         timeout=120,
     )
     assert plain.stdout.strip() == "False", plain.stderr[-2000:]
+
+
+def test_a_pipeline_stage_pairs_with_the_whole_model_by_layer_id() -> None:
+    # Prefill runs layers 2..3 as a pipeline stage (kv_buffer[0] is layer 2); decode holds 0..3.
+    stage = ReferenceMHATokenToKVPool(64, 16, layer_num=2, start_layer=2, end_layer=4)
+    whole = ReferenceMHATokenToKVPool(64, 16, layer_num=4)
+    randomise(stage, 5)
+    randomise(whole, 6)
+    before = snapshot(whole)
+    plan = plan_transfer(stage, whole, pages={"kv": [1]}, dst_pages={"kv": [2]}, layers=[2, 3])
+    assert sorted((a.path, b.path) for a, b in plan.pairs) == [
+        ("k_buffer[0]", "k_buffer[2]"),
+        ("k_buffer[1]", "k_buffer[3]"),
+        ("v_buffer[0]", "v_buffer[2]"),
+        ("v_buffer[1]", "v_buffer[3]"),
+    ]
+    run_locally(plan)
+    after, src = snapshot(whole), snapshot(stage)
+    size = plan.pairs[0][0].item_length
+    for a, b in plan.pairs:
+        assert torch.equal(after[b.label][2 * size : 3 * size], src[a.label][size : 2 * size])
+    for label in ("k_buffer[0] (layer 0)", "v_buffer[1] (layer 1)"):
+        assert torch.equal(after[label], before[label])
