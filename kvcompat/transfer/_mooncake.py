@@ -209,6 +209,7 @@ class MooncakeEngine:
         if self._regions:
             self._engine.batch_unregister_memory([r[0] for r in self._regions])
             self._regions.clear()
+        self._engine = None  # the last reference: the engine's threads and sockets end
 
     def _check_open(self) -> None:
         if self._closed:

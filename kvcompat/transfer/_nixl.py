@@ -289,6 +289,7 @@ class NixlEngine:
             self._agent.deregister_memory(descs)
         self._registered.clear()
         self._regions.clear()
+        self._agent = None  # the last reference: the agent and its spinning progress thread end
 
     def _check_open(self) -> None:
         if self._closed:
