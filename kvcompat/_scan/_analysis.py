@@ -50,6 +50,11 @@ _ROW_METHODS = frozenset(
 )
 # Calls that keep a buffer's layout (``get_key_buffer(i).to(q.dtype)``).
 _SAME_LAYOUT = frozenset({"to", "contiguous", "float", "half", "bfloat16"})
+# A function whose name names a pool family (``attach_mha``, ``_set_mla_kv_buffer``)
+# states which pools it is written for, as a hasattr/isinstance check would.
+_FAMILY_WORDS = frozenset({"mha", "mla", "dsa"})
+# What a row read only for its size or address is used for (``buf[0].nbytes``).
+_BYTE_ATTRS = frozenset({"nbytes", "data_ptr", "element_size", "itemsize", "dtype", "device"})
 
 # What a surrounding ``try`` must catch to protect each code. kv_buffer (KVC005)
 # has none: on DeepSeek-V4 single-KV pools it exists and silently has another shape.
@@ -646,12 +651,21 @@ class _Walker:
             return True
         if self._own(receiver, ctx) or _HOST_WORD in self.source.segment(receiver).lower():
             return True
+        function = ctx.function
+        if isinstance(function, _FUNCTIONS) and _FAMILY_WORDS & set(function.name.split("_")):
+            return True
         return self.names.is_adapt_call(receiver) or self._kind(receiver, ctx) is _Kind.ADAPTED
 
     @staticmethod
     def _own(receiver: ast.expr, ctx: _Ctx) -> bool:
-        """A pool class's code on its own storage or sub-pools: its implementation."""
-        return ctx.cls is not None and ctx.cls.is_pool and _rooted_at_self(receiver)
+        """Code in a pool class: its implementation, on its storage, sub-pools or device pool.
+
+        A pool knows the classes of the pools it is built from (a host pool is
+        made for one device-pool class, a composite for its sub-pools), so its
+        accesses are not the generic code the scanner looks for.
+        """
+        del receiver
+        return ctx.cls is not None and ctx.cls.is_pool
 
     # -- traversal ------------------------------------------------------------
 
@@ -799,6 +813,8 @@ class _Walker:
         if isinstance(function, _FUNCTIONS) and function.name == func.attr:
             return  # a method of that name delegating to another pool (composites)
         code = CALL_RULES[func.attr]
+        if code == "KVC007" and (node.args or node.keywords):
+            return  # SGLang's get_kv_buffer_shape() takes no arguments: another API
         if self._protected(code, receiver, ctx):
             return
         recv = _shown(self.source.segment(receiver))
@@ -878,6 +894,9 @@ class _Walker:
                 continue
             break
         if isinstance(outer, ast.Subscript) and outer.value is buffer:
+            used = self.parents.get(outer)
+            if isinstance(used, ast.Attribute) and used.attr in _BYTE_ATTRS:
+                return None  # buf[0].nbytes: the size of one row, whatever the layout
             return outer
         if isinstance(outer, ast.Attribute) and outer.attr in _ROW_METHODS:
             return outer
