@@ -96,18 +96,12 @@ FIX_ADAPTER = "_kvcompat_adapter"
 """The helper that keeps one kvcompat adapter per pool object."""
 
 
-class _Opening:
-    """``.name(`` between a receiver and the first argument: whitespace only, no comments."""
-
-    @staticmethod
-    def fullmatch(text: str, name: str) -> bool:
-        stripped = text.strip()
-        if not stripped.startswith(".") or not stripped.endswith("("):
-            return False
-        return "".join(stripped[1:-1].split()) == name and "#" not in text
-
-
-_CALL_OPENING = _Opening()
+def _opening(text: str, name: str) -> int | None:
+    """The length of ``.name(`` at the start of ``text`` (whitespace allowed), or None."""
+    paren = text.find("(")
+    if paren < 0 or "".join(text[:paren].split()) != f".{name}":
+        return None
+    return paren + 1
 
 
 class _Kind(enum.Enum):
@@ -1018,16 +1012,13 @@ class _Walker:
         source = self.source
         receiver = func.value
         first = node.args[0]
-        between = source.text[source.end(receiver) : source.start(first)]
-        if not (
-            _CALL_OPENING.fullmatch(between, func.attr)
-            and self._located(receiver)
-            and self._located(first)
-        ):
+        after = source.end(receiver)
+        opening = _opening(source.text[after : source.start(first)], func.attr)
+        if opening is None or not (self._located(receiver) and self._located(first)):
             return (), "its source text could not be located exactly"
         edits = (
             Edit(source.start(receiver), source.start(receiver), f"{FIX_HELPERS[code]}("),
-            Edit(source.end(receiver), source.start(first), ", "),
+            Edit(after, after + opening, ", "),  # comments after the "(" stay
         )
         return edits, ""
 
