@@ -578,6 +578,7 @@ class _Walker:
         self.names = names
         self.binder = binder
         self.hits: list[Hit] = []
+        self.module = tree
         self.parents: dict[ast.AST, ast.AST] = {
             child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)
         }
@@ -925,12 +926,11 @@ class _Walker:
                     continue
             break
         parent = self.parents.get(value)
-        function = ctx.function
+        function: ast.AST = ctx.function if ctx.function is not None else self.module
         if (
             isinstance(parent, ast.Assign)
             and len(parent.targets) == 1
             and isinstance(parent.targets[0], ast.Name)
-            and function is not None
         ):
             name = parent.targets[0].id
             found = _indexed(function, name, parent.lineno)

@@ -46,7 +46,7 @@ class ScanReport:
         >>> import pathlib, tempfile
         >>> from kvcompat.scan import scan_paths
         >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     _ = (pathlib.Path(tmp) / "probe.py").write_text("pool.kv_buffer[0]\n")
+        ...     _ = (pathlib.Path(tmp) / "probe.py").write_text("pool.kv_buffer[0][loc]\n")
         ...     report = scan_paths([tmp])
         >>> [finding.code for finding in report.findings], report.files, report.exit_code
         (['KVC005'], 1, 1)
@@ -511,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(sys.stderr, error.format() + "\n")
     for finding in sorted(report.findings, key=_order):
         _write(messages, finding.format() + "\n")
-    _write(sys.stderr if report.errors else messages, report.summary() + "\n")
+    _write(messages, report.summary() + "\n")
     return report.exit_code
 
 

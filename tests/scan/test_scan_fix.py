@@ -155,7 +155,7 @@ def test_a_rewrite_that_would_not_parse_is_left_and_reported() -> None:
     )
     line = text.splitlines().index("    (yield).get_kv_buffer(0)") + 1
     assert (finding.line, finding.fixable) == (line, False)
-    assert finding.message.endswith("not auto-fixable: the rewrite would not parse")
+    assert finding.message.endswith("not auto-fixable: its source text could not be located exactly")
 
 
 def test_guarded_suppressed_and_attribute_findings_are_left_alone() -> None:
