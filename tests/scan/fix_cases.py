@@ -1,0 +1,174 @@
+"""Run a snippet and its ``kvcompat scan --fix`` rewrite on the same pools; compare outcomes.
+
+The promise checked: a rewrite never fails where the original worked, and where the
+original works the rewrite returns the same tensors and leaves the same bytes. Used
+with kvcompat's reference pools (``tests/scan/test_scan_fix_runtime.py``) and with
+SGLang 0.5.23's own pools (``tests/real/test_scan_fix_real.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from kvcompat.scan import fix_source
+
+# Each snippet defines run(pool, layer, loc, k, v); ``make_write_loc`` is given to it.
+SNIPPETS: dict[str, str] = {
+    "get_value_buffer": (
+        "def run(pool, layer, loc, k, v):\n    return pool.get_value_buffer(layer.layer_id)\n"
+    ),
+    "v_head_dim_probe": (
+        "def run(pool, layer, loc, k, v):\n"
+        "    return pool.get_value_buffer(layer.layer_id).shape[-1]\n"
+    ),
+    "get_kv_buffer": (
+        "def run(pool, layer, loc, k, v):\n"
+        "    k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)\n"
+        "    return k_cache, v_cache\n"
+    ),
+    "set_kv_buffer": (
+        "def run(pool, layer, loc, k, v):\n    pool.set_kv_buffer(layer, loc, k, v)\n"
+    ),
+    # A KVWriteLoc held in a variable: the rewrite cannot see what it is.
+    "set_kv_buffer_write_loc_variable": (
+        "def run(pool, layer, loc, k, v):\n"
+        "    write_loc = make_write_loc(loc)\n"
+        "    pool.set_kv_buffer(layer, write_loc, k, v)\n"
+    ),
+    # MLA-style: a value the native MLA pool drops (kvcompat's write would refuse it).
+    "set_kv_buffer_latent_with_value": (
+        "def run(pool, layer, loc, k, v):\n    pool.set_kv_buffer(layer, loc, k, k)\n"
+    ),
+    "set_kv_buffer_value_none": (
+        "def run(pool, layer, loc, k, v):\n    pool.set_kv_buffer(layer, loc, k, None)\n"
+    ),
+    # A backend that keeps the pool on self and calls it per layer.
+    "backend_method": (
+        "class Backend:\n"
+        "    def __init__(self, pool):\n"
+        "        self.token_to_kv_pool = pool\n"
+        "    def forward(self, layer, loc, k, v):\n"
+        "        self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)\n"
+        "        return self.token_to_kv_pool.get_kv_buffer(layer.layer_id)\n"
+        "def run(pool, layer, loc, k, v):\n"
+        "    backend = Backend(pool)\n"
+        "    return [backend.forward(layer, loc, k, v) for _ in range(3)]\n"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What running one snippet did: its result or its exception, and the pool's bytes."""
+
+    result: Any
+    error: BaseException | None
+    state: tuple[bytes, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Compared:
+    name: str
+    pool: str
+    original: Outcome
+    fixed: Outcome
+
+    @property
+    def regression(self) -> bool:
+        """The rewrite raised where the original did not."""
+        return self.original.error is None and self.fixed.error is not None
+
+    @property
+    def now_works(self) -> bool:
+        return self.original.error is not None and self.fixed.error is None
+
+
+def tensors(obj: Any, depth: int = 2) -> Iterator[torch.Tensor]:
+    """Every tensor a pool holds (attributes, lists of them, sub-pools), in a fixed order."""
+    seen: set[int] = set()
+
+    def walk(value: Any, level: int) -> Iterator[torch.Tensor]:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in seen:
+                seen.add(id(value))
+                yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from walk(item, level)
+        elif isinstance(value, dict):
+            for key in sorted(value, key=repr):
+                yield from walk(value[key], level)
+        elif level > 0 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for key in sorted(vars(value)):
+                yield from walk(vars(value)[key], level - 1)
+
+    yield from walk(obj, depth)
+
+
+def state(pool: Any) -> tuple[bytes, ...]:
+    return tuple(
+        t.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        for t in tensors(pool)
+        if t.numel() and t.device.type == "cpu" and not t.is_sparse
+    )
+
+
+def _run(
+    source: str, pool: Any, layer: Any, loc: Any, key: Any, value: Any, namespace: dict[str, Any]
+) -> Outcome:
+    scope = dict(namespace)
+    exec(compile(source, "<snippet>", "exec"), scope)  # noqa: S102 -- the snippets above
+    try:
+        result = scope["run"](pool, layer, loc, key, value)
+    except Exception as exc:  # noqa: BLE001 -- recorded and compared, not swallowed
+        return Outcome(None, exc, state(pool))
+    return Outcome(result, None, state(pool))
+
+
+def fixed_source(source: str) -> str:
+    fixed, remaining = fix_source(source)
+    assert fixed != source, source  # every snippet is rewritten
+    assert remaining == [], remaining
+    return fixed
+
+
+def compare(
+    name: str,
+    pool_name: str,
+    build: Callable[[], Any],
+    inputs: Callable[[Any], tuple[Any, Any, Any, Any]],
+    make_write_loc: Callable[[torch.Tensor], Any],
+) -> Compared:
+    """Run snippet ``name`` and its rewrite, each on a fresh pool from ``build``."""
+    source = SNIPPETS[name]
+    namespace = {"make_write_loc": make_write_loc}
+    first, second = build(), build()
+    layer, loc, key, value = inputs(first)
+    original = _run(source, first, layer, loc, key.clone(), value.clone(), namespace)
+    fixed = _run(fixed_source(source), second, layer, loc, key.clone(), value.clone(), namespace)
+    return Compared(name, pool_name, original, fixed)
+
+
+def same_result(a: Any, b: Any) -> bool:
+    """Tensors of one shape, dtype and stride with the same bytes; containers element-wise.
+
+    The two runs use two pools built alike, so equal tensors live at different addresses.
+    """
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if (a.shape, a.dtype, a.stride()) != (b.shape, b.dtype, b.stride()):
+            return False
+        return bool(
+            torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        )
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_result(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def layer_of(layer_id: int) -> SimpleNamespace:
+    return SimpleNamespace(layer_id=layer_id)
