@@ -118,6 +118,16 @@ def state(pool: Any) -> tuple[bytes, ...]:
     )
 
 
+def summary(value: Any) -> Any:
+    """What a result is, frozen: for a tensor its address, shape, dtype, stride and bytes."""
+    if isinstance(value, torch.Tensor):
+        data = value.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        return ("tensor", value.data_ptr(), tuple(value.shape), value.dtype, value.stride(), data)
+    if isinstance(value, (list, tuple)):
+        return tuple(summary(item) for item in value)
+    return value
+
+
 def _run(
     source: str, pool: Any, layer: Any, loc: Any, key: Any, value: Any, namespace: dict[str, Any]
 ) -> Outcome:
@@ -127,7 +137,7 @@ def _run(
         result = scope["run"](pool, layer, loc, key, value)
     except Exception as exc:  # noqa: BLE001 -- recorded and compared, not swallowed
         return Outcome(None, exc, state(pool))
-    return Outcome(result, None, state(pool))
+    return Outcome(summary(result), None, state(pool))
 
 
 def fixed_source(source: str) -> str:
@@ -144,31 +154,64 @@ def compare(
     inputs: Callable[[Any], tuple[Any, Any, Any, Any]],
     make_write_loc: Callable[[torch.Tensor], Any],
 ) -> Compared:
-    """Run snippet ``name`` and its rewrite, each on a fresh pool from ``build``."""
+    """Run snippet ``name``, restore the pool's bytes, and run its rewrite on the same pool.
+
+    One pool for both runs: native pools allocate with ``torch.empty``, so two pools
+    built alike need not hold the same bytes; and one pool makes tensor addresses
+    comparable (the rewrite must hand back the very storage the original did).
+    """
     source = SNIPPETS[name]
     namespace = {"make_write_loc": make_write_loc}
-    first, second = build(), build()
-    layer, loc, key, value = inputs(first)
-    original = _run(source, first, layer, loc, key.clone(), value.clone(), namespace)
-    fixed = _run(fixed_source(source), second, layer, loc, key.clone(), value.clone(), namespace)
+    pool = build()
+    layer, loc, key, value = inputs(pool)
+    held = list(tensors(pool))
+    saved = [t.clone() for t in held]
+    original = _run(source, pool, layer, loc, key.clone(), value.clone(), namespace)
+    with torch.no_grad():
+        for tensor, copy in zip(held, saved, strict=True):
+            tensor.copy_(copy)
+    fixed = _run(fixed_source(source), pool, layer, loc, key.clone(), value.clone(), namespace)
     return Compared(name, pool_name, original, fixed)
 
 
 def same_result(a: Any, b: Any) -> bool:
-    """Tensors of one shape, dtype and stride with the same bytes; containers element-wise.
-
-    The two runs use two pools built alike, so equal tensors live at different addresses.
-    """
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if (a.shape, a.dtype, a.stride()) != (b.shape, b.dtype, b.stride()):
-            return False
-        return bool(
-            torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-        )
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_result(x, y) for x, y in zip(a, b, strict=True))
+    """Summaries equal: the same storage, shape, dtype, stride and bytes."""
     return bool(a == b)
 
 
 def layer_of(layer_id: int) -> SimpleNamespace:
     return SimpleNamespace(layer_id=layer_id)
+
+
+def inputs(pool: Any) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer, two token slots, and keys/values shaped like the pool's rows."""
+    layer = layer_of(int(getattr(pool, "start_layer", 0) or 0))
+    loc = torch.tensor([1, 3])
+    try:
+        key_buffer = pool.get_key_buffer(layer.layer_id)
+    except AttributeError:
+        key_buffer = pool.k_buffer[0]
+    except NotImplementedError:  # the DeepSeek-V4 composite: no getter answers
+        key_buffer = torch.empty(0, 0, dtype=torch.uint8)
+    if key_buffer.dtype in (torch.uint8, torch.float8_e4m3fn) and key_buffer.dim() == 2:
+        key = torch.randn(2, 1, 512, generator=torch.Generator().manual_seed(0))  # DSv4: dense
+        return layer, loc, key.to(torch.bfloat16), key.to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    key = torch.randn(2, *key_buffer.shape[1:], generator=gen).to(key_buffer.dtype)
+    try:
+        value_buffer = pool.get_value_buffer(layer.layer_id)
+    except NotImplementedError:
+        return layer, loc, key, key
+    value = torch.randn(2, *value_buffer.shape[1:], generator=gen).to(value_buffer.dtype)
+    return layer, loc, key, value
+
+
+def check(compared: Compared) -> None:
+    """The rewrite did not raise where the original worked, and did the same thing."""
+    assert not compared.regression, (
+        f"{compared.name} on {compared.pool}: the rewrite raised "
+        f"{compared.fixed.error!r} where the original worked"
+    )
+    if compared.original.error is None:
+        assert same_result(compared.original.result, compared.fixed.result), compared
+        assert compared.original.state == compared.fixed.state, compared

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from fix_cases import SNIPPETS, Compared, compare, fixed_source, layer_of, same_result
+from fix_cases import SNIPPETS, check, compare, fixed_source, inputs, layer_of
 
 import kvcompat
 from kvcompat.testing import (
@@ -73,40 +73,10 @@ class WriteLoc:
         self.swa_loc = None
 
 
-def inputs(pool: Any) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A layer, two token slots, and keys/values shaped like the pool's rows."""
-    layer = layer_of(int(getattr(pool, "start_layer", 0) or 0))
-    loc = torch.tensor([1, 3])
-    key_buffer = pool.get_key_buffer(layer.layer_id) if hasattr(pool, "get_key_buffer") else None
-    if key_buffer is None:
-        key_buffer = pool.k_buffer[0]
-    if key_buffer.dtype in (torch.uint8, torch.float8_e4m3fn) and key_buffer.dim() == 2:
-        key = torch.randn(2, 1, 512, generator=torch.Generator().manual_seed(0))  # DSv4: dense
-        return layer, loc, key.to(torch.bfloat16), key.to(torch.bfloat16)
-    gen = torch.Generator().manual_seed(0)
-    key = torch.randn(2, *key_buffer.shape[1:], generator=gen).to(key_buffer.dtype)
-    try:
-        value_buffer = pool.get_value_buffer(layer.layer_id)
-    except NotImplementedError:
-        return layer, loc, key, key
-    value = torch.randn(2, *value_buffer.shape[1:], generator=gen).to(value_buffer.dtype)
-    return layer, loc, key, value
-
-
-def _check(compared: Compared) -> None:
-    assert not compared.regression, (
-        f"{compared.name} on {compared.pool}: the rewrite raised "
-        f"{compared.fixed.error!r} where the original worked"
-    )
-    if compared.original.error is None:
-        assert same_result(compared.original.result, compared.fixed.result), compared
-        assert compared.original.state == compared.fixed.state, compared
-
-
 @pytest.mark.parametrize("pool_name", sorted(POOLS))
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
 def test_rewrite_never_fails_where_the_original_worked(name: str, pool_name: str) -> None:
-    _check(compare(name, pool_name, POOLS[pool_name], inputs, WriteLoc))
+    check(compare(name, pool_name, POOLS[pool_name], inputs, WriteLoc))
 
 
 def test_the_matrix_and_what_the_rewrite_gains() -> None:
