@@ -127,8 +127,7 @@ def check(data: Mapping[str, Any], roots: Mapping[str, Path]) -> tuple[set[Key],
     labelled = {
         _key(label): label["label"] for label in data["labels"] if label["package"] in roots
     }
-    for key in sorted(found - labelled.keys()):
-        problems.append(f"unlabelled finding: {_show(key)}")
+    problems.extend(f"unlabelled finding: {_show(key)}" for key in sorted(found - labelled.keys()))
     for key, label in sorted(labelled.items()):
         if label in ("TP", "FP") and key not in found:
             problems.append(f"labelled {label} but not reported: {_show(key)}")
@@ -153,9 +152,7 @@ def scores(
             continue
         rule = counts.setdefault(label["rule"], {"TP": 0, "FP": 0, "FN": 0})
         rule[label["label"]] += 1
-    return {
-        rule: Score(tp=c["TP"], fp=c["FP"], fn=c["FN"]) for rule, c in sorted(counts.items())
-    }
+    return {rule: Score(tp=c["TP"], fp=c["FP"], fn=c["FN"]) for rule, c in sorted(counts.items())}
 
 
 def total(per_rule: Mapping[str, Score]) -> Score:

@@ -547,16 +547,19 @@ def _suppress_names(item: ast.withitem) -> list[str]:
 
 def _indexed(function: ast.AST, name: str, after: int) -> int | None:
     """The first line at or after ``after`` where ``function`` indexes ``name`` by rows."""
-    lines = []
+    lines: list[int] = []
     for node in ast.walk(function):
-        if getattr(node, "lineno", 0) < after:
+        if not isinstance(node, ast.expr) or node.lineno < after:
             continue
         base: ast.expr | None = None
         if isinstance(node, ast.Subscript):
             base = node.value
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr in _ROW_METHODS:
-                base = node.func.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _ROW_METHODS
+        ):
+            base = node.func.value
         if isinstance(base, ast.Name) and base.id == name:
             lines.append(node.lineno)
     return min(lines) if lines else None
@@ -920,10 +923,14 @@ class _Walker:
         while True:  # the expression the buffer ends up as: node, or node.to(...)
             outer = self.parents.get(value)
             call = self.parents.get(outer) if outer is not None else None
-            if isinstance(outer, ast.Attribute) and outer.attr in _SAME_LAYOUT:
-                if isinstance(call, ast.Call) and call.func is outer:
-                    value = call
-                    continue
+            if (
+                isinstance(outer, ast.Attribute)
+                and outer.attr in _SAME_LAYOUT
+                and isinstance(call, ast.Call)
+                and call.func is outer
+            ):
+                value = call
+                continue
             break
         parent = self.parents.get(value)
         function: ast.AST = ctx.function if ctx.function is not None else self.module
@@ -945,9 +952,7 @@ class _Walker:
                 return self._param_indexed(call, None, parent.arg, ctx)
         return None
 
-    def _passed_on(
-        self, function: ast.AST, name: str, after: int, ctx: _Ctx
-    ) -> int | None:
+    def _passed_on(self, function: ast.AST, name: str, after: int, ctx: _Ctx) -> int | None:
         """A call in ``function`` that hands the name to a function that indexes it."""
         for call in ast.walk(function):
             if not isinstance(call, ast.Call) or call.lineno < after:
@@ -987,7 +992,7 @@ class _Walker:
             name = keyword if keyword in (*names, *kwonly) else None
         return None if name is None else _indexed(target, name, target.lineno)
 
-    def _call_fix(
+    def _call_fix(  # noqa: PLR0911 -- one return per reason a call is left alone
         self, node: ast.Call, func: ast.Attribute, code: str
     ) -> tuple[tuple[Edit, ...], str]:
         """The edits that route the call through a ``--fix`` helper, or why there are none.

@@ -269,7 +269,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _read_bytes(path: str, max_bytes: int) -> bytes | Finding:
+def _read_bytes(path: str, max_bytes: int) -> bytes | Finding:  # noqa: PLR0911 -- one per refusal
     """The bytes of a regular file of at most ``max_bytes``, or the finding that says why not.
 
     Never blocks (a FIFO is refused, not opened for a writer to appear) and never

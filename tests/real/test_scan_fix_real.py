@@ -1,4 +1,4 @@
-"""``kvcompat scan --fix`` rewrites on SGLang 0.5.23's own pools: never failing where the original worked.
+"""``kvcompat scan --fix`` on SGLang 0.5.23's own pools: never failing where the original worked.
 
 The snippets of ``tests/scan/fix_cases.py`` (getters, a v_head_dim probe, set_kv_buffer
 with a tensor loc, with SGLang's own ``KVWriteLoc`` held in a variable, MLA-style with

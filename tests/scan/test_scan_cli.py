@@ -164,7 +164,10 @@ def test_unreadable_file(
     status, out, err = run([str(target)], capsys)
     assert status == 2
     assert err.startswith(f"{target}: KVC902 cannot read: Permission denied")
-    assert out == "kvcompat scan: no unguarded pool accesses in 0 files; 1 path could not be checked (KVC9xx).\n"
+    assert out == (
+        "kvcompat scan: no unguarded pool accesses in 0 files; "
+        "1 path could not be checked (KVC9xx).\n"
+    )
 
 
 # -- usage errors ----------------------------------------------------------------

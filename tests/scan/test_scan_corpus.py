@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
     "scan_precision", REPO / "benchmarks" / "scan_precision.py"
 )
-assert _spec is not None and _spec.loader is not None
+assert _spec is not None
+assert _spec.loader is not None
 scan_precision = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("scan_precision", scan_precision)  # dataclasses look it up
 _spec.loader.exec_module(scan_precision)
@@ -94,10 +95,8 @@ def test_every_lmcache_finding_is_labelled(lmcache_root: Path) -> None:
 @pytest.mark.sglang
 def test_precision_and_recall_on_target(sglang_root: Path) -> None:
     per_rule = scan_precision.scores(DATA, ["sglang", "lmcache"])
-    generic = scan_precision.total(
-        scan_precision.scores(DATA, ["sglang"], group="generic-backend")
-    )
-    print("\n" + scan_precision.table(per_rule))  # noqa: T201 -- the measured table
+    generic = scan_precision.total(scan_precision.scores(DATA, ["sglang"], group="generic-backend"))
+    print("\n" + scan_precision.table(per_rule))
     assert generic.recall is not None
     assert generic.recall >= RECALL_TARGET
     assert generic.precision is not None

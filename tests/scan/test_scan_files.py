@@ -164,7 +164,9 @@ def test_dangling_links(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "a dangling symbolic link" in capsys.readouterr().err
 
 
-def test_json_lists_what_could_not_be_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_lists_what_could_not_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "gone.py").symlink_to(tmp_path / "nowhere.py")
     assert main(["--format", "json", str(tmp_path)]) == 2
     out, _ = capsys.readouterr()

@@ -107,9 +107,7 @@ def test_nested_calls_are_all_fixed() -> None:
         "_kvcompat_get_kv_buffer(pool, _kvcompat_get_value_buffer(other_pool, 0).shape[0])\n"
     )
     chained = "a.get_kv_buffer(0).pool.get_value_buffer(1)\n"
-    assert body(chained) == (
-        "_kvcompat_get_value_buffer(_kvcompat_get_kv_buffer(a, 0).pool, 1)\n"
-    )
+    assert body(chained) == ("_kvcompat_get_value_buffer(_kvcompat_get_kv_buffer(a, 0).pool, 1)\n")
 
 
 @pytest.mark.parametrize(
@@ -155,7 +153,9 @@ def test_a_rewrite_that_would_not_parse_is_left_and_reported() -> None:
     )
     line = text.splitlines().index("    (yield).get_kv_buffer(0)") + 1
     assert (finding.line, finding.fixable) == (line, False)
-    assert finding.message.endswith("not auto-fixable: its source text could not be located exactly")
+    assert finding.message.endswith(
+        "not auto-fixable: its source text could not be located exactly"
+    )
 
 
 def test_guarded_suppressed_and_attribute_findings_are_left_alone() -> None:
@@ -181,6 +181,7 @@ def test_syntax_error() -> None:
 
 
 # -- the import line -----------------------------------------------------------
+
 
 def _without_helpers(text: str) -> str:
     """The fixed text with the helper block (which follows the import line) cut out."""

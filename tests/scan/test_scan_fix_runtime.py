@@ -123,7 +123,7 @@ def test_adapt_is_off_the_per_call_path() -> None:
 
 def test_the_helper_costs_no_adapt_per_call() -> None:
     scope: dict[str, Any] = {}
-    exec(compile(fixed_source(SNIPPETS["get_value_buffer"]), "<fixed>", "exec"), scope)  # noqa: S102
+    exec(compile(fixed_source(SNIPPETS["get_value_buffer"]), "<fixed>", "exec"), scope)
     pool = ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64, layer_num=2)
     layer = layer_of(0)
     scope["run"](pool, layer, None, None, None)  # the first call builds the adapter
