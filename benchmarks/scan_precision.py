@@ -175,7 +175,7 @@ def table(per_rule: Mapping[str, Score]) -> str:
 
 
 def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.0f} %"
+    return "n/a" if value is None else f"{100 * value:.1f} %"
 
 
 def _key(label: Mapping[str, Any]) -> Key:
