@@ -10,7 +10,6 @@ must keep working through the native path. SGLang's own pools:
 
 from __future__ import annotations
 
-import timeit
 from collections.abc import Callable
 from typing import Any
 
@@ -137,6 +136,5 @@ def test_the_helper_costs_no_adapt_per_call() -> None:
     scope["kvcompat"] = type("K", (), {"adapt": staticmethod(counting)})
     for _ in range(10):
         scope["run"](pool, layer, None, None, None)
-    assert calls == []  # cached per pool object
-    per_call = timeit.timeit(lambda: scope["run"](pool, layer, None, None, None), number=200)
-    assert per_call / 200 < 50e-6  # far below one adapt() (tens of microseconds)
+    assert calls == []  # cached per pool object: adapt() never runs per call
+    # (timings: benchmarks/scan_fix_cost.py; a wall-clock bound here would be flaky on CI)
