@@ -317,11 +317,14 @@ def register_adapter(
 
     Args:
         qualname: ``"package.module.ClassName"`` of the class (subclasses match too).
-        factory: a callable building a :class:`KVPoolProtocol` from a native
-            pool, or the qualified name of a class kvcompat already supports,
-            to reuse its adapter (e.g. a vendor fork of ``MHATokenToKVPool``).
+        factory: a :class:`~kvcompat.adapters.LeafAdapter` subclass (every feature:
+            getters, read/write, describe, transfers, composite parts — see
+            ``docs/extending.md``), any callable building a :class:`KVPoolProtocol`
+            from a native pool, or the qualified name of a class kvcompat already
+            supports, to reuse its adapter (e.g. a vendor fork of ``MHATokenToKVPool``).
         kind: the :class:`PoolKind`; required with a callable factory, taken
-            from the reused family otherwise.
+            from the reused family or the :class:`~kvcompat.adapters.LeafAdapter`
+            subclass otherwise.
         replace: allow replacing an existing registration.
 
     Raises:
@@ -361,6 +364,17 @@ def register_adapter(
             msg = f"kind={kind!r} contradicts the reused family {factory} ({base.kind})."
             raise ValueError(msg)
         family = Family(qualname, base.kind, leaf=base.leaf, build=base.build)
+    elif isinstance(factory, type) and issubclass(factory, LeafAdapter):
+        # A leaf adapter class: the family's one place. Its buffers, layer_buffers and
+        # detect_layout hooks serve describe, transfers, read/write and composite parts.
+        declared = inspect.getattr_static(factory, "kind", None)
+        if not isinstance(declared, PoolKind):
+            msg = f"{factory.__qualname__} must set kind = kvcompat.PoolKind.<KIND>."
+            raise ValueError(msg)
+        if kind is not None and PoolKind(kind) is not declared:
+            msg = f"kind={kind!r} contradicts {factory.__qualname__}.kind ({declared})."
+            raise ValueError(msg)
+        family = Family(qualname, declared, leaf=factory)
     elif callable(factory):
         if kind is None:
             msg = (
