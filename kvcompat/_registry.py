@@ -388,7 +388,7 @@ def register_adapter(
         except ValueError:
             msg = f"kind must be a PoolKind, got {kind!r}; valid: {[k.value for k in PoolKind]}."
             raise ValueError(msg) from None
-        family = Family(qualname, resolved, build=cast(Factory, factory))
+        family = Family(qualname, resolved, build=cast("Factory", factory))
     else:  # runtime guard for untyped callers
         msg = (  # type: ignore[unreachable]
             f"factory must be a callable or the qualified name of a supported class, "

@@ -27,6 +27,7 @@ from kvcompat.adapters._io import (
     write_rows,
 )
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
+from kvcompat.layouts import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE
 
 __all__ = [
     "IndexKeyAdapter",
@@ -810,3 +811,30 @@ class IndexKeyAdapter(KeyOnlyAdapter):
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
         return source[slot], None
+
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """The fp4 indexer layout (``use_fp4_indexer``; ties to even with ``index_k_rne``).
+
+        Example:
+            >>> from kvcompat.adapters import IndexKeyAdapter
+            >>> IndexKeyAdapter.detect_layout.__name__
+            'detect_layout'
+        """
+        native = self._native
+        if getattr(native, "use_fp4_indexer", False):
+            spec = (
+                DSV4_INDEXER_FP4_RNE if getattr(native, "index_k_rne", False) else DSV4_INDEXER_FP4
+            )
+            page = int(native.page_size)
+            if key.dim() != 2 or key.shape[-1] * key.element_size() != spec.page_bytes(page):
+                msg = (
+                    f"{self._name}: its fp4 indexer pages are {tuple(key.shape)} at "
+                    f"page_size={page}; the {spec.name!r} layout has {spec.page_bytes(page)} "
+                    "bytes per page (page_size must be a multiple of 16).\n"
+                    "Hint: read the index keys with SGLang's get_index_k_dequant."
+                )
+                raise LayoutError(msg)
+            return LayerLayout(spec)
+        return super().detect_layout(layer_id, key, value)

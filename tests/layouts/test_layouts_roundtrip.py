@@ -84,6 +84,9 @@ def error_bound(
         s = scale_bytes.contiguous().view(torch.float8_e4m3fn).float()
         s = s.repeat_interleave(16, dim=1)
         return torch.maximum(0.25 * torch.maximum(ax, s), ax - 6 * s) * (1 + 1e-6)
+    if spec.name.startswith("dsv4_indexer_fp4"):
+        s = torch.exp2(scale_bytes.float() - 127).repeat_interleave(spec.tile_size, dim=1)
+        return 0.25 * torch.maximum(ax, s) * (1 + 1e-6)
     if spec is UNIFORM_FP8:
         return torch.maximum(2.0**-4 * ax, torch.full_like(ax, 2.0**-10))
     if spec.name.startswith("dsa_fp8"):
