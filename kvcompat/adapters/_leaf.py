@@ -27,7 +27,7 @@ from kvcompat.adapters._io import (
     write_rows,
 )
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
-from kvcompat.layouts import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE
+from kvcompat.layouts import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE, DSV4_INDEXER_FP8
 
 __all__ = [
     "IndexKeyAdapter",
@@ -815,7 +815,9 @@ class IndexKeyAdapter(KeyOnlyAdapter):
     def detect_layout(
         self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
     ) -> LayerLayout:
-        """The fp4 indexer layout (``use_fp4_indexer``; ties to even with ``index_k_rne``).
+        """The indexer layout: fp8 (132 B/token), or fp4 (68 B/token) with ``use_fp4_indexer``.
+
+        The fp4 bytes are written with ties to even when the pool sets ``index_k_rne``.
 
         Example:
             >>> from kvcompat.adapters import IndexKeyAdapter
@@ -823,16 +825,18 @@ class IndexKeyAdapter(KeyOnlyAdapter):
             'detect_layout'
         """
         native = self._native
-        if getattr(native, "use_fp4_indexer", False):
-            spec = (
-                DSV4_INDEXER_FP4_RNE if getattr(native, "index_k_rne", False) else DSV4_INDEXER_FP4
-            )
+        if getattr(native, "use_fp4_indexer", None) is not None:
+            if native.use_fp4_indexer:
+                rne = getattr(native, "index_k_rne", False)
+                spec = DSV4_INDEXER_FP4_RNE if rne else DSV4_INDEXER_FP4
+            else:
+                spec = DSV4_INDEXER_FP8
             page = int(native.page_size)
             if key.dim() != 2 or key.shape[-1] * key.element_size() != spec.page_bytes(page):
                 msg = (
-                    f"{self._name}: its fp4 indexer pages are {tuple(key.shape)} at "
+                    f"{self._name}: its indexer pages are {tuple(key.shape)} at "
                     f"page_size={page}; the {spec.name!r} layout has {spec.page_bytes(page)} "
-                    "bytes per page (page_size must be a multiple of 16).\n"
+                    "bytes per page (page_size must be a multiple of 32).\n"
                     "Hint: read the index keys with SGLang's get_index_k_dequant."
                 )
                 raise LayoutError(msg)

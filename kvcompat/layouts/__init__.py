@@ -2,7 +2,7 @@
 
 One module per byte layout holds its :class:`LayoutSpec` and row codec: DeepSeek-V4's
 packed page layouts (``V4``, ``V41``, ``V41_FP4``, ``UNIFORM_FP8``, ``V41_NEW``,
-``V41_FP4_NEW``) and fp4 indexer keys (``DSV4_INDEXER_FP4``), SGLang's token-major
+``V41_FP4_NEW``) and indexer keys (``DSV4_INDEXER_FP8/FP4``), SGLang's token-major
 MHA and MLA rows (:func:`mha_layout`, :func:`mla_layout`) and DSA's 656-byte fp8 rows
 (``DSA_FP8``, :func:`dsa_fp8_layout`).
 :func:`dequantize` and :func:`quantize` read and write tokens of a pool buffer on any
@@ -32,6 +32,7 @@ from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
 from kvcompat.layouts._validate import check_read, check_write
 from kvcompat.layouts.dsa_fp8 import DSA_FP8, dsa_fp8_layout
 from kvcompat.layouts.dsv4_indexer_fp4 import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE
+from kvcompat.layouts.dsv4_indexer_fp8 import DSV4_INDEXER_FP8
 from kvcompat.layouts.dsv4_uniform_fp8 import UNIFORM_FP8
 from kvcompat.layouts.dsv4_v4 import V4
 from kvcompat.layouts.dsv4_v41 import V41, V41_NEW
@@ -43,6 +44,7 @@ __all__ = [
     "DSA_FP8",
     "DSV4_INDEXER_FP4",
     "DSV4_INDEXER_FP4_RNE",
+    "DSV4_INDEXER_FP8",
     "UNIFORM_FP8",
     "V4",
     "V41",

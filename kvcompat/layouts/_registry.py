@@ -11,6 +11,7 @@ from kvcompat._errors import LayoutError
 from kvcompat.layouts._spec import LayoutSpec
 from kvcompat.layouts.dsa_fp8 import DSA_FP8
 from kvcompat.layouts.dsv4_indexer_fp4 import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE
+from kvcompat.layouts.dsv4_indexer_fp8 import DSV4_INDEXER_FP8
 from kvcompat.layouts.dsv4_uniform_fp8 import UNIFORM_FP8
 from kvcompat.layouts.dsv4_v4 import V4
 from kvcompat.layouts.dsv4_v41 import V41, V41_NEW
@@ -34,6 +35,7 @@ LAYOUTS: Mapping[str, LayoutSpec] = MappingProxyType(
             DSA_FP8,
             DSV4_INDEXER_FP4,
             DSV4_INDEXER_FP4_RNE,
+            DSV4_INDEXER_FP8,
         )
     }
 )

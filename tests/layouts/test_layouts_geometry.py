@@ -251,6 +251,7 @@ EXPECTED_ALL = [
     "DSA_FP8",
     "DSV4_INDEXER_FP4",
     "DSV4_INDEXER_FP4_RNE",
+    "DSV4_INDEXER_FP8",
     "UNIFORM_FP8",
     "V4",
     "V41",

@@ -87,6 +87,9 @@ def error_bound(
     if spec.name.startswith("dsv4_indexer_fp4"):
         s = torch.exp2(scale_bytes.float() - 127).repeat_interleave(spec.tile_size, dim=1)
         return 0.25 * torch.maximum(ax, s) * (1 + 1e-6)
+    if spec.name == "dsv4_indexer_fp8":
+        s = scale_bytes.contiguous().view(torch.float32)
+        return (2.0**-4 * ax + 2.0**-9 * s) * (1 + 1e-6)
     if spec is UNIFORM_FP8:
         return torch.maximum(2.0**-4 * ax, torch.full_like(ax, 2.0**-10))
     if spec.name.startswith("dsa_fp8"):

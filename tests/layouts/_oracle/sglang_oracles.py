@@ -47,6 +47,7 @@ from kvcompat.layouts import (
     DSA_FP8,
     DSV4_INDEXER_FP4,
     DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -903,6 +904,45 @@ def dsv4_indexer_fp4_pool_io() -> Result:
         if not bool(nan_aware_equal(back, theirs.get_index_k_dequant(1, loc)).all()):
             problems.append(f"rne={rne}: read differs from get_index_k_dequant")
     return fail_or_pass(problems, "write bytes and read values identical (both roundings)")
+
+
+@check
+def dsv4_indexer_fp8_pool_store() -> Result:
+    """kvcompat's ``write`` on a real fp8 ``DeepSeekV4IndexerPool`` against the pool's own
+    ``set_index_k_scale_buffer`` (SGLang's Triton ``SetKAndS``, interpreter) handed the codes
+    and scales kvcompat's codec computes: placement, scale bytes and untouched bytes. The
+    quantizing store is CUDA JIT (``fused_store_indexer_cache``): its arithmetic is checked
+    on the GPU tier (owed)."""
+    from _sglang.builders import build_dsv4_indexer_pool
+
+    import kvcompat
+
+    theirs = build_dsv4_indexer_pool(use_fp4_indexer=False, layer_num=2)
+    ours = build_dsv4_indexer_pool(use_fp4_indexer=False, layer_num=2)
+    for pool in (theirs, ours):
+        for buf in pool.index_k_with_scale_buffer:
+            noise = torch.randint(0, 256, buf.shape, generator=torch.Generator().manual_seed(5))
+            buf.copy_(noise.to(torch.uint8))
+    loc = torch.randperm(theirs.size, generator=torch.Generator().manual_seed(3))[:9]
+    values = tile_values(loc.numel(), 128, 128, seed=11, dtype=torch.bfloat16)
+    codes, scales = DSV4_INDEXER_FP8.codec.encode(DSV4_INDEXER_FP8, values, fnuz=False)
+    theirs.set_index_k_scale_buffer(
+        1, loc, codes.view(torch.float8_e4m3fn), scales.view(torch.float32).reshape(-1)
+    )
+    pool = kvcompat.adapt(ours)
+    pool.write(1, loc, values)
+    problems = [
+        f"layer {layer} bytes differ"
+        for layer in (0, 1)
+        if not torch.equal(
+            theirs.index_k_with_scale_buffer[layer], ours.index_k_with_scale_buffer[layer]
+        )
+    ]
+    back = pool.read(1, loc).reshape(loc.numel(), -1)
+    expected = codes.view(torch.float8_e4m3fn).float() * scales.view(torch.float32)
+    if not torch.equal(back, expected):
+        problems.append("read is not fp32(e4m3) * scale")
+    return fail_or_pass(problems, f"{loc.numel()} tokens placed byte-identically")
 
 
 def main(argv: list[str]) -> int:
