@@ -945,6 +945,36 @@ def dsv4_indexer_fp8_pool_store() -> Result:
     return fail_or_pass(problems, f"{loc.numel()} tokens placed byte-identically")
 
 
+@check
+def dsa_index_k_cache_store() -> Result:
+    """DSA's ``IndexKeyCache`` holds the fp8 indexer bytes: the pool's own
+    ``set_index_k_scale_buffer`` (``store_quantized``, SGLang's Triton ``SetKAndS`` under the
+    interpreter) handed kvcompat's codes and scales equals kvcompat's ``quantize`` of the same
+    values into the kernel view ``get_index_k_with_scale_buffer`` at ``index_page_size``; the
+    read back is ``fp32(e4m3) * scale``. (On CUDA, DSA's fused store
+    ``dsa/fused_store_index_cache.cuh`` has the DSv4 indexer store's arithmetic.)"""
+    from _sglang.builders import build_dsa_pool
+
+    pool = build_dsa_pool()
+    view = pool.get_index_k_with_scale_buffer(0)
+    page = int(pool.index_page_size)
+    expected = view.clone()
+    loc = torch.randperm(view.shape[0] * page, generator=torch.Generator().manual_seed(4))[:7]
+    values = tile_values(loc.numel(), 128, 128, seed=12, dtype=torch.bfloat16)
+    codes, scales = DSV4_INDEXER_FP8.codec.encode(DSV4_INDEXER_FP8, values, fnuz=False)
+    pool.set_index_k_scale_buffer(
+        0, loc, codes.view(torch.float8_e4m3fn), scales.view(torch.float32).reshape(-1)
+    )
+    quantize(DSV4_INDEXER_FP8, values, expected, loc, page)
+    problems = []
+    if not torch.equal(pool.get_index_k_with_scale_buffer(0), expected):
+        problems.append("pool bytes differ from kvcompat's quantize")
+    back = dequantize(DSV4_INDEXER_FP8, expected, loc, page)
+    if not torch.equal(back, codes.view(torch.float8_e4m3fn).float() * scales.view(torch.float32)):
+        problems.append("read is not fp32(e4m3) * scale")
+    return fail_or_pass(problems, f"{loc.numel()} tokens, page {page}: byte-identical")
+
+
 def main(argv: list[str]) -> int:
     names = argv or list(CHECKS)
     for name in names:
