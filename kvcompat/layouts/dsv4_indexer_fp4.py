@@ -99,6 +99,12 @@ _SEGMENTS = (
 _BOUND = "|x' - x| <= max(|x|, s) / 4, s = 2**(e - 127) the group's ue8m0 scale (e >= 114)"
 
 
+def _max_error(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``max(|x|, s) / 4`` per value, ``s`` its group's ue8m0 scale (the module's bound)."""
+    s = torch.exp2(scale.to(torch.float32) - 127.0).repeat_interleave(GROUP, dim=1)
+    return 0.25 * torch.maximum(x.abs(), s) * (1 + 1e-6)
+
+
 def _spec(name: str, *, rne: bool) -> LayoutSpec:
     return LayoutSpec(
         name=name,
@@ -124,6 +130,7 @@ def _spec(name: str, *, rne: bool) -> LayoutSpec:
         segments=_SEGMENTS,
         error_bound=_BOUND,
         codec=_IndexerFp4Codec(rne=rne),
+        max_error=_max_error,
     )
 
 

@@ -57,6 +57,12 @@ class _IndexerFp8Codec:
         return decode_e4m3(data) * s
 
 
+def _max_error(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``2**-4 * |x| + 2**-9 * s`` per value, ``s`` the token's stored scale."""
+    s = scale.contiguous().view(torch.float32).reshape(-1, 1)
+    return (2.0**-4 * x.abs() + 2.0**-9 * s) * (1 + 1e-6)
+
+
 _SEGMENTS = (
     Segment("values", SegmentRole.DATA, "data", 0, DIM, Encoding.E4M3FN, DIM),
     Segment("scale", SegmentRole.SCALE, "scale", 0, 4, Encoding.FP32, 1),
@@ -86,6 +92,7 @@ DSV4_INDEXER_FP8 = LayoutSpec(
     segments=_SEGMENTS,
     error_bound="|x' - x| <= 2**-4 * |x| + 2**-9 * s, s = max(1e-4, amax) / 448 (stored fp32)",
     codec=_IndexerFp8Codec(),
+    max_error=_max_error,
 )
 """DeepSeek-V4 fp8 indexer keys: 128 e4m3 + one fp32 scale per token, block-split.
 

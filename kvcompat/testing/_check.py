@@ -40,6 +40,7 @@ from kvcompat._errors import (
 from kvcompat._protocol import KVPoolProtocol
 from kvcompat._registry import adapt
 from kvcompat.layouts import dequantize, quantize
+from kvcompat.layouts._addressing import gather_rows
 
 __all__ = ["CheckFailure", "PoolCheckError", "PoolReport", "check_pool"]
 
@@ -430,14 +431,19 @@ def _round_trip_one(
                 f"read({what}) after write differs from the {spec.name!r} layout's own "
                 "quantize/dequantize of the same values",
             )
-        error = (expected.float() - given.float()).abs().max().item()
-        bound = 0.35 * given.float().abs().max().item()
-        if error > bound:
+        error = (expected.float() - given.float()).abs()
+        if spec.max_error is not None:  # the layout's own per-value bound
+            _, scale_rows = gather_rows(spec, scratch, loc, page)
+            bound = spec.max_error(given.float(), scale_rows)
+        else:  # a coarse bound: catches ignored scales and garbage, not last bits
+            bound = torch.full_like(error, 0.35 * given.float().abs().max().item())
+        if bool((error > bound).any()):
+            worst = int((error - bound).argmax())
             state.fail(
                 "round_trip",
                 where,
-                f"the {what} round trip error {error:.4g} exceeds the {spec.name!r} layout's "
-                f"bound ({bound:.4g})",
+                f"the {what} round trip error {error.flatten()[worst].item():.4g} exceeds the "
+                f"{spec.name!r} layout's bound ({bound.flatten()[worst].item():.4g})",
             )
     owned: dict[tuple[str, int], list[torch.Tensor]] = {}
     for spec, buf in zip(specs, buffers, strict=True):
