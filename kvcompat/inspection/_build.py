@@ -24,6 +24,7 @@ from kvcompat.adapters import (
     IndexKeyAdapter,
     KeyOnlyAdapter,
     LatentAdapter,
+    LeafAdapter,
     SingleKVAdapter,
     SplitAdapter,
 )
@@ -267,12 +268,20 @@ def _part(declared: Buffer, owner: type) -> _Part:
     return _Part(declared.attr, role, group, declared.rows, declared.value_prefix)
 
 
-def _leaf_spec(family: Family | None) -> tuple[Role, tuple[_Part, ...]] | None:
-    """The node role and buffers a leaf family declares (``LeafAdapter.buffers``)."""
-    if family is None or family.leaf is None or not family.leaf.buffers:
+def _leaf_spec(
+    family: Family | None, leaf: type[LeafAdapter] | None = None
+) -> tuple[Role, tuple[_Part, ...]] | None:
+    """The node role and buffers a leaf adapter class declares (``LeafAdapter.buffers``).
+
+    ``leaf`` is the adapter actually serving the pool (when one was given), else the
+    family's.
+    """
+    if leaf is None:
+        leaf = None if family is None else family.leaf
+    if leaf is None or not leaf.buffers:
         return None
-    parts = tuple(_part(declared, family.leaf) for declared in family.leaf.buffers)
-    role = Role.KEY_VALUE if family.leaf.kind is PoolKind.SPLIT else parts[0].role
+    parts = tuple(_part(declared, leaf) for declared in leaf.buffers)
+    role = Role.KEY_VALUE if leaf.kind is PoolKind.SPLIT else parts[0].role
     return role, parts
 
 
@@ -295,10 +304,15 @@ def leaf_node(
     order: int = 0,
     role: Role | None = None,
     extra: Mapping[str, Scalar] | None = None,
+    leaf: type[LeafAdapter] | None = None,
 ) -> PoolManifest:
-    """A leaf pool: its per-layer buffers (by family), then unknown tensors as opaque parts."""
+    """A leaf pool: its declared buffers, then unknown tensors as opaque parts.
+
+    The buffers are those ``leaf`` (the adapter class serving the pool) declares, or
+    the pool's family's adapter when no adapter was given.
+    """
     family = family_of(native)
-    spec = _leaf_spec(family)
+    spec = _leaf_spec(family, leaf)
     if spec is None:
         return opaque_node(walk, native, name=name, path=path, role=role)
     node_role, parts = spec

@@ -109,3 +109,22 @@ def test_stray_bytes_are_reported() -> None:
 def test_an_unknown_object_is_refused() -> None:
     with pytest.raises(kvcompat.UnsupportedPoolError):
         check_pool(object())
+
+
+class UndeclaredAdapter(SplitAdapter):
+    """Declares no buffers: describe() can only show the pool's tensors as opaque."""
+
+    buffers = ()
+
+
+def test_undeclared_buffers_are_reported_by_the_describe_check() -> None:
+    native = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)
+    qualname = "tests_kvcompat_check.UndeclaredPool"
+    kvcompat.register_adapter(qualname, UndeclaredAdapter)
+    try:
+        report = check_pool(UndeclaredAdapter(native), raise_on_failure=False)
+    finally:
+        kvcompat.unregister_adapter(qualname)
+    checks = {f.check for f in report.failures}
+    assert "describe" in checks
+    assert any("described only as opaque" in f.message for f in report.failures)
