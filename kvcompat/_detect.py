@@ -36,9 +36,18 @@ def _family(obj: Any) -> Family | None:
 
 
 def _kind(obj: Any) -> PoolKind | None:
-    """What the pool is, even where kvcompat refuses to adapt it (its native kind)."""
-    family = _family(obj)
-    return None if family is None else family.detected_kind
+    """What the pool is, even where kvcompat refuses to adapt it (its native kind).
+
+    Inlined (no helper call, no property): detectors run on hot paths.
+    """
+    cls = obj if isinstance(obj, type) else type(obj)
+    family: Family | None = _cache.get(cls, _MISSING)
+    if family is _MISSING:
+        family = family_of(cls)
+    if family is None:
+        return None
+    kind = family.kind
+    return kind if kind is not None else family.native_kind
 
 
 def pool_kind(obj: object, /) -> PoolKind | None:
