@@ -61,9 +61,12 @@ def _node(
     if family is not None and family.kind is PoolKind.COMPOSITE:
         composite = adapter if adapter is not None else adapt(native)
         return _composite_node(walk, native, composite, family, name=name, path=path)
+    if isinstance(adapter, LeafAdapter) and adapter.native is native:  # its own declarations
+        return leaf_node(
+            walk, native, name=name, path=path, slots=adapter.storage_slots, leaf=type(adapter)
+        )
     if family is not None and family.leaf is not None:
-        slots = adapter.storage_slots if isinstance(adapter, LeafAdapter) else None
-        return leaf_node(walk, native, name=name, path=path, slots=slots)
+        return leaf_node(walk, native, name=name, path=path)
     return opaque_node(walk, native, name=name, path=path, adapter=adapter)
 
 
@@ -91,6 +94,7 @@ def _composite_node(
                     path=where,
                     slots=part.storage_slots,
                     regroup=regroups.get(part_name),
+                    leaf=type(part),
                 )
             )
         else:
