@@ -50,7 +50,7 @@ def reachable_tensors(*roots: object) -> list[torch.Tensor]:
     stack: list[object] = list(roots)
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, _LEAVES) or isinstance(obj, _SKIP):
+        if id(obj) in seen or isinstance(obj, _LEAVES + _SKIP):
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
@@ -68,11 +68,8 @@ def reachable_tensors(*roots: object) -> list[torch.Tensor]:
             continue  # locks, generators, foreign objects: no pool storage lives there
         stack.extend(getattr(obj, "__dict__", {}).values())
         for cls in type(obj).__mro__:
-            for name in getattr(cls, "__slots__", ()):
-                try:
-                    stack.append(object.__getattribute__(obj, name))
-                except AttributeError:
-                    continue
+            names = getattr(cls, "__slots__", ())
+            stack.extend(getattr(obj, name) for name in names if hasattr(obj, name))
     return found
 
 
@@ -264,11 +261,11 @@ def valid_write(part: kvcompat.KVPoolProtocol, layer: int, *, n: int = 5, seed: 
 # ----------------------------------------------------------------------------- faults
 
 
-class InjectedFault(RuntimeError):
+class InjectedFaultError(RuntimeError):
     """Raised by a patched torch op or codec at the chosen call (an out-of-memory stand-in)."""
 
 
-class InjectedInterrupt(BaseException):
+class InjectedInterruptError(BaseException):
     """A fault that is not an ``Exception`` (as KeyboardInterrupt is not)."""
 
 
@@ -277,7 +274,7 @@ class Counter:
     calls: int = 0
     fail_at: int = 0  # 0: never
     partial: bool = False
-    error: type[BaseException] = InjectedFault
+    error: type[BaseException] = InjectedFaultError
 
 
 LAYOUTS = {

@@ -24,8 +24,8 @@ from _harness import (
     STAGES,
     Case,
     Counter,
-    InjectedFault,
-    InjectedInterrupt,
+    InjectedFaultError,
+    InjectedInterruptError,
     assert_unchanged,
     fingerprint,
     inject,
@@ -34,8 +34,7 @@ from _harness import (
 )
 
 import kvcompat
-from kvcompat.layouts import LayoutSpec, quantize
-from kvcompat.layouts import _codec
+from kvcompat.layouts import LayoutSpec, _codec, quantize
 
 PAGE = 4
 
@@ -61,13 +60,14 @@ def _attack(
 ) -> dict[str, int]:
     """Fail every call of every stage of ``run``; return the calls per stage."""
     calls = {stage: _calls(monkeypatch, stage, dry_run) for stage in STAGES}
-    assert calls["encode"] >= 1 and calls["scatter"] >= 1, calls
+    assert calls["encode"] >= 1, calls
+    assert calls["scatter"] >= 1, calls
     before = fingerprint(*roots)
     for stage in STAGES:
         for call in range(1, calls[stage] + 1):
-            variants = [(InjectedFault, False), (InjectedInterrupt, False)]
+            variants = [(InjectedFaultError, False), (InjectedInterruptError, False)]
             if stage == "scatter" and call < calls[stage]:
-                variants.append((InjectedFault, True))  # half its rows stored, then raise
+                variants.append((InjectedFaultError, True))  # half its rows stored, then raise
             for error, partial in variants:
                 counter = Counter(fail_at=call, partial=partial, error=error)
                 with inject(monkeypatch, stage, counter), pytest.raises(error):
