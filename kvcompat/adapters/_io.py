@@ -234,7 +234,8 @@ def plan_write(
         )
         raise WriteError(msg)
     if not validate:
-        return _Planned(spec, buf, values.reshape(values.shape[0], spec.dim), loc.long())
+        rows = values.reshape(values.shape[0], spec.dim)
+        return _Planned(spec, buf, rows.detach() if rows.requires_grad else rows, loc.long())
     try:
         rows, loc64 = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     except WriteError as exc:

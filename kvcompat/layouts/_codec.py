@@ -331,6 +331,7 @@ def quantize(
         rows, loc = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     else:
         rows = values.reshape(values.shape[0], spec.dim)
+        rows = rows.detach() if rows.requires_grad else rows
     rows = unaliased(rows, (buf,))
     if kernel:
         _launchers().quantize_scatter(spec, rows, buf, loc, page_size, fnuz=fnuz)

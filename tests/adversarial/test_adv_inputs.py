@@ -343,3 +343,24 @@ def test_check_finite_false_and_validate_false_do_not_sync(
     reads.clear()
     write(check_finite=False, validate=False)
     assert reads == []
+
+
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("case", [c.param for c in REFERENCE_CASES])
+def test_values_that_require_grad_do_not_pull_the_pool_into_a_graph(
+    case: Case, validate: bool
+) -> None:
+    pool = kvcompat.adapt(case.build())
+    part, layer = case.targets(pool)[0]
+    write = valid_write(part, layer)
+    write.key = write.key.float().requires_grad_()
+    if write.value is not None:
+        write.value = write.value.float().requires_grad_()
+    write(validate=validate)
+    for tensor in (
+        part.get_key_buffer(layer),
+        *([part.get_value_buffer(layer)] * part.kind.has_values),
+    ):
+        assert not tensor.requires_grad
+        assert tensor.grad_fn is None
+    tried("bad input")
