@@ -252,18 +252,6 @@ class LeafAdapter(AdapterBase):
         self._layouts = {}
         self._source, self._value_source = source, values
 
-    def _stale(self) -> bool:
-        """Whether any served layer's storage changed since the tables were built."""
-        try:
-            source = getattr(self._native, self.source_attr)
-            values = source if self.value_attr is None else getattr(self._native, self.value_attr)
-            return any(
-                source[slot] is not raw_key or values[slot] is not raw_value
-                for _, slot, raw_key, raw_value in self._pairs.values()
-            ) or any(source[slot] is not raw for _, slot, raw in self._keys.values())
-        except Exception:  # noqa: BLE001 - a missing or shortened list is stale too
-            return True
-
     def _fresh(self, layer_id: int) -> None:
         """The getters' slow path: an unserved layer id, or storage that changed."""
         if layer_id not in self._slots:
