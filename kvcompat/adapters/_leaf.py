@@ -502,8 +502,11 @@ class LeafAdapter(AdapterBase):
         the native ``set_kv_buffer``, which raises. Everything is checked before
         the first byte moves: layer id, ``loc`` (integer, 1-D, on the pool's
         device, in range, no duplicates), shapes, dtypes and — with
-        ``check_finite`` — NaN/Inf. On error nothing is written, and the
-        caller's tensors are never modified.
+        ``check_finite`` — NaN/Inf and overflow. Every part is encoded before the
+        first scatter, and a fault while storing puts the old bytes back; on any
+        error nothing is written, and the caller's tensors are never modified.
+        Values that alias the pool's storage (a "move tokens" call) are copied
+        first. See ``docs/atomic-writes.md``.
 
         Args:
             layer_id: absolute model layer id.
@@ -512,9 +515,10 @@ class LeafAdapter(AdapterBase):
             value: split pools: the values (required). Latent and single-KV pools
                 store the value inside the key row: pass None (or the key itself /
                 its prefix view). Key-only pools: None.
-            check_finite: reject NaN/Inf (and values beyond an unscaled format's
-                range) with :class:`~kvcompat.WriteError`; False stores them exactly
-                as SGLang's store would.
+            check_finite: reject NaN/Inf and values beyond what their segment can
+                represent (a bf16 rope tail, fp4 tiles, unscaled e4m3, the fp32 compute
+                range) with :class:`~kvcompat.WriteError` (one host sync per part);
+                False stores them exactly as SGLang's store would, with no sync.
             validate: run the checks (False skips them, for CUDA-graph capture).
             impl: ``"auto"``, ``"torch"`` or ``"triton"``.
 

@@ -229,7 +229,9 @@ def dequantize(
     Raises:
         LayoutError: bad buffer, page size, locations or ``out``; ``fnuz`` on a layout
             without it.
-        NotImplementedError: ``impl="triton"`` where no kernel serves the call.
+        KernelUnavailableError: ``impl="triton"`` where no kernel serves the call (a
+            ``NotImplementedError``), checked before anything is read or written.
+        ImplError: ``impl`` is not ``"auto"``, ``"torch"`` or ``"triton"`` (a ``ValueError``).
         ImportError: ``impl="triton"`` without triton installed.
 
     Example:
@@ -288,7 +290,10 @@ def quantize(
 
     Exactly the written tokens' data rows and the scale bytes SGLang's writers store
     change; every other byte (other tokens, V4's scale pad byte, page padding) keeps its
-    value. ``values`` and ``loc`` are never modified. All checks run before any byte moves.
+    value. ``values`` and ``loc`` are never modified. All checks run before any byte moves,
+    and the write is all or nothing even when something raises while it stores (every CPU
+    chunk is encoded first; see :func:`commit`). Values that share memory with ``buf`` are
+    copied first.
 
     Args:
         layout: a :class:`LayoutSpec` or anything :func:`get_layout` accepts.
@@ -299,9 +304,11 @@ def quantize(
         page_size: the pool's page size in tokens.
         fnuz: write V4 bytes as SGLang's ROCm e4m3fnuz Triton store does (never the
             default: those bytes differ from the CUDA store's).
-        check_finite: reject NaN/Inf values (and out-of-range values for unscaled
-            layouts) with :class:`~kvcompat.WriteError`; with False they are encoded as
-            SGLang's store would (documented per layout).
+        check_finite: reject NaN/Inf values, and values beyond what their segment can
+            represent (:func:`~kvcompat.layouts._validate.value_limits`: a bf16 rope tail,
+            fp4 tiles, unscaled e4m3, the fp32 compute range), with
+            :class:`~kvcompat.WriteError`; one host sync. With False nothing is checked
+            (no sync) and they are encoded as SGLang's store would (documented per layout).
         validate: run :func:`check_write` first (set False only when the caller already
             did, passing its normalised ``values`` and ``loc``). The check reads values
             back to the host, so a write inside CUDA-graph capture needs ``False``.
@@ -313,7 +320,9 @@ def quantize(
         LayoutError: bad buffer or page size; ``fnuz`` on a layout without it.
         WriteError: bad locations (dtype, shape, device, range, duplicates) or values
             (dtype, shape, device, non-finite).
-        NotImplementedError: ``impl="triton"`` where no kernel serves the call.
+        KernelUnavailableError: ``impl="triton"`` where no kernel serves the call (a
+            ``NotImplementedError``), checked before anything is read or written.
+        ImplError: ``impl`` is not ``"auto"``, ``"torch"`` or ``"triton"`` (a ``ValueError``).
         ImportError: ``impl="triton"`` without triton installed.
 
     Example:
