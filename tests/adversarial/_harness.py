@@ -64,7 +64,7 @@ def reachable_tensors(*roots: object) -> list[torch.Tensor]:
             stack.extend(obj)
             continue
         module = type(obj).__module__ or ""
-        if not module.startswith(("sglang", "kvcompat", "types", "_harness", "functools")):
+        if not module.startswith(("sglang", "kvcompat", "types", "adversarial", "functools")):
             continue  # locks, generators, foreign objects: no pool storage lives there
         stack.extend(getattr(obj, "__dict__", {}).values())
         for cls in type(obj).__mro__:

@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import pytest
-from _harness import TRIED
 from _sglang.env import sglang_installed
+
+from ._harness import TRIED
 
 _SKIP_REASON = (
     "sglang is not installed; these cases need `pip install --no-deps sglang==0.5.23` plus "

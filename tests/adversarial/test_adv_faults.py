@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 import torch
-from _harness import (
+
+import kvcompat
+from kvcompat.layouts import LayoutSpec, _codec, quantize
+
+from ._harness import (
     ALL_CASES,
     LAYOUTS,
     STAGES,
@@ -32,9 +36,6 @@ from _harness import (
     tried,
     valid_write,
 )
-
-import kvcompat
-from kvcompat.layouts import LayoutSpec, _codec, quantize
 
 PAGE = 4
 

@@ -13,10 +13,11 @@ import importlib.util
 
 import pytest
 import torch
-from _harness import assert_unchanged, fingerprint, tried
 
 import kvcompat
 from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool, ReferenceMHATokenToKVPool
+
+from ._harness import assert_unchanged, fingerprint, tried
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 import torch
-from _harness import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvcompat
+from kvcompat.layouts import dequantize, quantize
+from kvcompat.layouts._validate import value_limits
+
+from ._harness import (
     ALL_CASES,
     LAYOUTS,
     REFERENCE_CASES,
@@ -28,12 +35,6 @@ from _harness import (
     tried,
     valid_write,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-import kvcompat
-from kvcompat.layouts import dequantize, quantize
-from kvcompat.layouts._validate import value_limits
 
 E = kvcompat
 

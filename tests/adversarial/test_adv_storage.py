@@ -22,15 +22,16 @@ from typing import Any
 
 import pytest
 import torch
-from _harness import (
+
+import kvcompat
+
+from ._harness import (
     ALL_CASES,
     Case,
     fingerprint,
     tried,
     valid_write,
 )
-
-import kvcompat
 
 CASE_PARAMS = [c.param for c in ALL_CASES]
 
