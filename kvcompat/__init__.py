@@ -31,11 +31,14 @@ from kvcompat._detect import (
     pool_kind,
 )
 from kvcompat._errors import (
+    ImplError,
+    KernelUnavailableError,
     KVCompatError,
     LayerIdTypeError,
     LayerOutOfRangeError,
     LayoutError,
     NoValueBufferError,
+    PoolStateError,
     UnsupportedPoolError,
     WriteError,
 )
@@ -49,14 +52,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompatPool",
+    "ImplError",
     "KVCompatError",
     "KVPair",
     "KVPoolProtocol",
+    "KernelUnavailableError",
     "LayerIdTypeError",
     "LayerOutOfRangeError",
     "LayoutError",
     "NoValueBufferError",
     "PoolKind",
+    "PoolStateError",
     "SupportsGetKeyBuffer",
     "UnsupportedPoolError",
     "WriteError",
