@@ -290,6 +290,10 @@ _ENCODING_MAX = {
 
 
 _E4M3_UNDER_2_POW_128 = 1.875 * 2.0**127  # the largest 4-significant-bit value below 2**128
+# With a power-of-two scale s = 2**126 (the scale of any amax above 1.5 * 2**127), e2m1
+# codes round x / s >= 3.5 up to 4, i.e. to 2**128 (inf on read): the largest fp32 below
+# 1.75 * 2**127 is the last value that stays finite.
+_E2M1_UNDER_2_POW_128 = (1.75 - 2.0**-23) * 2.0**127
 
 
 def _segment_limit(spec: LayoutSpec, encoding: Encoding, *, scaled: bool) -> tuple[float, str]:
@@ -304,6 +308,8 @@ def _segment_limit(spec: LayoutSpec, encoding: Encoding, *, scaled: bool) -> tup
             # Power-of-two scales keep e4m3's 4 significant bits: values that round up to
             # 2**128 would read back as inf.
             limit = min(limit, _E4M3_UNDER_2_POW_128)
+        if spec.scale_encoding is Encoding.UE8M0 and encoding is Encoding.E2M1X2:
+            limit = min(limit, _E2M1_UNDER_2_POW_128)
     else:
         limit = element
         why = f"{encoding.value}, no scale"

@@ -22,6 +22,7 @@ import torch
 
 import kvcompat
 from kvcompat import layouts
+from kvcompat.layouts._registry import LAYOUTS as REGISTERED_LAYOUTS
 from kvcompat.testing import (
     ReferenceDeepSeekV4SingleKVPool,
     ReferenceMHATokenToKVPool,
@@ -278,13 +279,7 @@ class Counter:
 
 
 LAYOUTS = {
-    "v4": layouts.V4,
-    "v41": layouts.V41,
-    "v41_new": layouts.V41_NEW,
-    "v41_fp4": layouts.V41_FP4,
-    "v41_fp4_new": layouts.V41_FP4_NEW,
-    "uniform_fp8": layouts.UNIFORM_FP8,
-    "dsa_fp8": layouts.DSA_FP8,
+    **REGISTERED_LAYOUTS,  # every registered byte layout: a new one joins the tier by itself
     "mha_2x8_bf16": layouts.mha_layout(2, 8, torch.bfloat16),
     "mha_2x8_e4m3fn": layouts.mha_layout(2, 8, torch.float8_e4m3fn),
     "mla_32+16_fp16": layouts.mla_layout(32, 16, torch.float16),

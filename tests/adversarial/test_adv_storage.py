@@ -87,13 +87,14 @@ def test_replaced_elements_and_lists_are_followed(case: Case) -> None:
                 tried("stale storage")
 
 
-def _clear(native: Any) -> None:
+def _clear(native: Any, part: Any) -> None:
     clear = getattr(native, "_clear_buffers", None)
     if clear is not None:
         clear()
-        return
-    for attr in ("k_buffer", "v_buffer", "kv_buffer"):
-        if hasattr(native, attr):
+    # Pools whose _clear_buffers is the base class's no-op (DeepSeekV4IndexerPool) or that
+    # have none: release the lists the adapter reads, as _clear_buffers does elsewhere.
+    for attr in ("k_buffer", "v_buffer", "kv_buffer", part.source_attr, part.value_attr):
+        if attr is not None and attr in vars(native):
             delattr(native, attr)
 
 
@@ -102,7 +103,7 @@ def test_cleared_buffers_raise_pool_state_error(case: Case) -> None:
     pool = kvcompat.adapt(case.build())
     for part, layer in _leaves(pool):
         write = valid_write(part, layer)
-        _clear(part.native)
+        _clear(part.native, part)
         calls: dict[str, tuple[Any, tuple[Any, ...]]] = {
             "get_key_buffer": (part.get_key_buffer, (layer,)),
             "read": (part.read, (layer, write.loc)),

@@ -2,7 +2,8 @@
 
 The table below is the wheel's transitive ``KVCache`` subclasses (an AST walk of
 ``sglang/srt``: module, class, direct bases). Each class is rebuilt here by *name* — a
-``type()`` with the real module name, registered in ``sys.modules`` as a stand-in module —
+``type()`` in a stand-in module beside the real one (``<module>_zoo_standin``, registered in
+``sys.modules``) —
 so the registry's answer is checked without SGLang (and for NPU/MLX classes that cannot be
 imported on this machine). ``test_table_is_the_installed_wheel`` proves the table is the
 installed wheel's, so a class added by a new release fails here until it is classified.
@@ -146,9 +147,13 @@ def zoo() -> Iterator[dict[str, type]]:
     classes: dict[str, type] = {}
 
     def make(module: str, name: str, bases: tuple[str, ...]) -> type:
+        # A stand-in module beside the real one ("moved" there), which holds the double:
+        # the registry confirms identity, so a double in the real module's name would be
+        # (rightly) refused as an impostor once the real module is imported.
+        where = module + "_zoo_standin"
         cls = types.new_class(name, tuple(classes[b] for b in bases))
-        cls.__module__ = module
-        mod = modules.setdefault(module, types.ModuleType(module))
+        cls.__module__ = where
+        mod = modules.setdefault(where, types.ModuleType(where))
         setattr(mod, name, cls)
         classes[name] = cls
         return cls
@@ -157,8 +162,7 @@ def zoo() -> Iterator[dict[str, type]]:
         make(module, name, ())
     for module, name, bases, _, _ in ZOO:
         make(module, name, bases)
-    # Stand-in modules only where the real one is not imported (then the doubles are
-    # recognised by class name, as a moved module would be).
+    # The doubles are recognised by class name, as classes of a moved module would be.
     added = [name for name in modules if name not in sys.modules]
     sys.modules.update({name: modules[name] for name in added})
     _registry._cache.clear()
