@@ -10,14 +10,14 @@ only when a kernel is actually chosen.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from kvcompat import _ops
 from kvcompat._errors import LayoutError
+from kvcompat.kernels._select import dispatch
 from kvcompat.layouts._addressing import gather_rows, scatter_rows
 from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._validate import check_read, check_write
@@ -55,11 +55,6 @@ def _resolve(layout: object, *, fnuz: bool) -> LayoutSpec:
     return spec
 
 
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 _LAUNCHERS: list[Any] = []
 
 
@@ -82,21 +77,8 @@ def _use_kernel(
     fnuz: bool,
     values_dtype: torch.dtype | None = None,
 ) -> bool:
-    """Whether this call goes to a Triton kernel (``impl`` resolved)."""
-    if impl == "torch":
-        return False
-    if impl == "triton":
-        return True
-    if impl != "auto":
-        msg = f"impl must be 'auto', 'torch' or 'triton'; received {impl!r}."
-        raise ValueError(msg)
-    if not isinstance(buf, torch.Tensor) or buf.device.type != "cuda":
-        return False
-    if buf.data_ptr() % 16 or not _triton_installed():
-        return False
-    from kvcompat.kernels._plan import unsupported  # noqa: PLC0415 - keeps imports light
-
-    return unsupported(spec, write=write, fnuz=fnuz, values_dtype=values_dtype) is None
+    """Whether this call goes to a Triton kernel (decided and logged in ``kernels._select``)."""
+    return dispatch(impl, spec, buf, write=write, fnuz=fnuz, values_dtype=values_dtype)
 
 
 def _check_out(spec: LayoutSpec, out: torch.Tensor, n: int, device: torch.device) -> None:
@@ -172,6 +154,10 @@ def dequantize(
         tensor([1., 1.], dtype=torch.bfloat16)
     """
     spec = _resolve(layout, fnuz=fnuz)
+    if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
+        return _ops.dequantize(
+            spec, buf, loc, page_size, fnuz=fnuz, validate=validate, impl=impl, out=out
+        )
     kernel = _use_kernel(impl, spec, buf, write=False, fnuz=fnuz)
     if validate:
         loc = check_read(spec, buf, loc, page_size)
@@ -255,6 +241,12 @@ def quantize(
         [119, 119, 119, 119, 119, 119, 119, 0]
     """
     spec = _resolve(layout, fnuz=fnuz)
+    if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
+        _ops.quantize(
+            spec, values, buf, loc, page_size, fnuz=fnuz, check_finite=check_finite,
+            validate=validate, impl=impl,
+        )  # fmt: skip
+        return
     dtype = values.dtype if isinstance(values, torch.Tensor) else None
     kernel = _use_kernel(impl, spec, buf, write=True, fnuz=fnuz, values_dtype=dtype)
     if validate:
