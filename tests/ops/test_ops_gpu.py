@@ -107,8 +107,10 @@ def test_a_real_unaligned_cuda_buffer_falls_back_and_says_so(
     dequantize(V4, shifted, torch.tensor([1], device=DEVICE), 4)
     messages = [r.getMessage() for r in caplog.records if r.name == "kvcompat"]
     assert messages == [
-        ("read of layout 'v4' served by the torch twin: "
-        "the buffer's address is not a multiple of 16 bytes")
+        (
+            "read of layout 'v4' served by the torch twin: "
+            "the buffer's address is not a multiple of 16 bytes"
+        )
     ]
     _log.reset()
 
