@@ -36,6 +36,7 @@ __all__ = [
     "IMPL_ENV",
     "LOGGER",
     "LOG_ENV",
+    "SEEN",
     "env_impl",
     "log_once",
     "reset",
@@ -52,7 +53,8 @@ _LEVELS: Final = {"off": None, "info": logging.INFO, "debug": logging.DEBUG}
 _IMPLS: Final = ("auto", "torch", "triton")
 _FORMAT: Final = "kvcompat %(levelname)s: %(message)s"
 
-_SEEN: set[tuple[str, str, str, str]] = set()
+SEEN: set[tuple[str, str, str, str]] = set()
+"""The (operation, layout, impl, reason) keys already logged."""
 
 
 def _read(name: str, accepted: tuple[str, ...], default: str) -> str:
@@ -116,9 +118,9 @@ def log_once(level: int, key: tuple[str, str, str, str], fmt: str, /, *args: obj
         >>> from kvcompat._log import log_once
         >>> log_once(logging.DEBUG, ("read", "v4", "torch", "doc"), "shown %s", "once")
     """
-    if key in _SEEN:
+    if key in SEEN:
         return
-    _SEEN.add(key)
+    SEEN.add(key)
     LOGGER.log(level, fmt, *args)
 
 
@@ -129,7 +131,7 @@ def reset() -> None:
         >>> from kvcompat._log import reset
         >>> reset()
     """
-    _SEEN.clear()
+    SEEN.clear()
     handler = setup_from_env() if setup_from_env.cache_info().currsize else None
     if handler is not None:
         LOGGER.removeHandler(handler)

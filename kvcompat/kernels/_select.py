@@ -65,6 +65,17 @@ class ImplChoice(NamedTuple):
     fallback: bool = False
 
 
+_C: Final = {
+    name: ImplChoice(
+        "triton" if name in ("kernel", "rocm", "triton_arg", "triton_env") else "torch",
+        reason,
+        fallback=name in ("no_triton", "unaligned", "rocm"),
+    )
+    for name, reason in REASONS.items()
+}
+"""The fixed choices, built once (the hot path returns these, allocating nothing)."""
+
+
 @functools.cache
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
@@ -103,8 +114,10 @@ def decide(  # noqa: PLR0911 - one return per documented reason reads best
         forced = _log.env_impl()
         if forced != "auto":
             impl, env = forced, True
+        elif not isinstance(buf, torch.Tensor) or buf.device.type != "cuda":
+            return _C["not_cuda"]  # the common CPU case, first
     if impl == "torch":
-        return ImplChoice("torch", REASONS["torch_env" if env else "torch_arg"])
+        return _C["torch_env" if env else "torch_arg"]
     if impl == "triton":
         why = _unsupported(spec, write=write, fnuz=fnuz, values_dtype=values_dtype)
         if why is not None:
@@ -116,22 +129,20 @@ def decide(  # noqa: PLR0911 - one return per documented reason reads best
                 "or impl='torch'."
             )
             raise NotImplementedError(msg)
-        return ImplChoice("triton", REASONS["triton_env" if env else "triton_arg"])
+        return _C["triton_env" if env else "triton_arg"]
     if impl != "auto":
         msg = f"impl must be 'auto', 'torch' or 'triton'; received {impl!r}."
         raise ValueError(msg)
     if not isinstance(buf, torch.Tensor) or buf.device.type != "cuda":
-        return ImplChoice("torch", REASONS["not_cuda"])
+        return _C["not_cuda"]
     if not _triton_installed():
-        return ImplChoice("torch", REASONS["no_triton"], fallback=True)
+        return _C["no_triton"]
     if buf.data_ptr() % ALIGN:
-        return ImplChoice("torch", REASONS["unaligned"], fallback=True)
+        return _C["unaligned"]
     why = _unsupported(spec, write=write, fnuz=fnuz, values_dtype=values_dtype)
     if why is not None:
         return ImplChoice("torch", why, fallback=True)
-    if _ROCM:
-        return ImplChoice("triton", REASONS["rocm"], fallback=True)
-    return ImplChoice("triton", REASONS["kernel"])
+    return _C["rocm"] if _ROCM else _C["kernel"]
 
 
 _WHO: Final = {"torch": "the torch twin", "triton": "the Triton kernel"}
@@ -159,18 +170,19 @@ def dispatch(
         >>> dispatch("auto", V4, buf, write=False, fnuz=False)
         False
     """
-    _log.setup_from_env()
     choice = decide(impl, spec, buf, write=write, fnuz=fnuz, values_dtype=values_dtype)
-    op = "write" if write else "read"
-    _log.log_once(
-        logging.INFO if choice.fallback else logging.DEBUG,
-        (op, spec.name, choice.impl, choice.reason),
-        "%s of layout %r served by %s: %s",
-        op,
-        spec.name,
-        _WHO[choice.impl],
-        choice.reason,
-    )
+    key = ("write" if write else "read", spec.name, choice.impl, choice.reason)
+    if key not in _log.SEEN:  # the hot path stops here after the first call
+        _log.setup_from_env()
+        _log.log_once(
+            logging.INFO if choice.fallback else logging.DEBUG,
+            key,
+            "%s of layout %r served by %s: %s",
+            key[0],
+            spec.name,
+            _WHO[choice.impl],
+            choice.reason,
+        )
     return choice.impl == "triton"
 
 
