@@ -5,7 +5,10 @@ pure-torch path ("torch twin": gather or encode, scatter) or one fused Triton ke
 :mod:`kvcompat.kernels`, which writes the same bytes; ``impl`` picks: ``"auto"`` (the
 default) takes the kernel for CUDA tensors when triton is installed and a kernel serves
 the call, the twin otherwise; ``"torch"`` and ``"triton"`` force one. Triton is imported
-only when a kernel is actually chosen.
+only when a kernel is actually chosen. ``KVCOMPAT_IMPL`` sets what ``"auto"`` means; the
+choice is logged on the ``"kvcompat"`` logger and :func:`kvcompat.kernels.which_impl`
+tells it in advance (``docs/logging.md``). Under ``torch.compile`` both entry points run
+as ``torch.library`` custom ops (:mod:`kvcompat._ops`).
 """
 
 from __future__ import annotations
