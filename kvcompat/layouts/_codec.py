@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from kvcompat import _ops
 from kvcompat._errors import LayoutError
 from kvcompat.kernels._select import dispatch
 from kvcompat.layouts._addressing import gather_rows, scatter_rows
@@ -158,6 +157,8 @@ def dequantize(
     """
     spec = _resolve(layout, fnuz=fnuz)
     if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
+        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
+
         return _ops.dequantize(
             spec, buf, loc, page_size, fnuz=fnuz, validate=validate, impl=impl, out=out
         )
@@ -245,6 +246,8 @@ def quantize(
     """
     spec = _resolve(layout, fnuz=fnuz)
     if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
+        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
+
         _ops.quantize(
             spec, values, buf, loc, page_size, fnuz=fnuz, check_finite=check_finite,
             validate=validate, impl=impl,

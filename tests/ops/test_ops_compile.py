@@ -238,3 +238,24 @@ def test_registering_the_ops_imports_neither_dynamo_nor_triton() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_ops_register_themselves_on_the_first_compile() -> None:
+    """``import kvcompat`` registers nothing; the first traced read or write does."""
+    code = (
+        "import sys, torch\n"
+        "from kvcompat.layouts import V4, dequantize, quantize\n"
+        "assert 'kvcompat._ops' not in sys.modules\n"
+        "def f(b, loc, x):\n"
+        "    quantize(V4, x, b, loc, 4)\n"
+        "    return dequantize(V4, b, loc, 4)\n"
+        "buf = torch.zeros(2, V4.page_bytes(4), dtype=torch.uint8)\n"
+        "x, loc = torch.randn(2, 512).to(torch.bfloat16), torch.tensor([1, 6])\n"
+        "eager = buf.clone()\n"
+        "want = f(eager, loc, x)\n"
+        "got = torch.compile(f, fullgraph=True)(buf, loc, x)\n"
+        "assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))\n"
+        "assert torch.equal(buf, eager)\n"
+        "assert 'kvcompat._ops' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], check=True)
