@@ -32,3 +32,4 @@ napoleon_numpy_docstring = False
 suppress_warnings = ["myst.header"]
 
 write_generated(Path(__file__).resolve().parent / "_generated")
+__import__("_capture_gen").write_capture_table(Path(__file__).resolve().parent / "_generated")

@@ -9,13 +9,15 @@ installed, the torch twin otherwise).
 
 Importing ``kvcompat.kernels`` does not import triton; the first use of a launcher does,
 and raises an ImportError naming ``pip install triton`` when it is missing.
+:func:`which_impl` says which implementation a read or write would take, and why,
+without running it or importing triton (see ``docs/compile-and-graphs.md``).
 
 Example:
     >>> import kvcompat.kernels as kernels
     >>> kernels.is_available() in (True, False)
     True
     >>> sorted(kernels.__all__)
-    ['gather_dequantize', 'is_available', 'quantize_scatter']
+    ['ImplChoice', 'gather_dequantize', 'is_available', 'quantize_scatter', 'which_impl']
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvcompat.kernels._launch import gather_dequantize, quantize_scatter
+    from kvcompat.kernels._select import ImplChoice, which_impl
 
-__all__ = ["gather_dequantize", "is_available", "quantize_scatter"]
+__all__ = ["ImplChoice", "gather_dequantize", "is_available", "quantize_scatter", "which_impl"]
 
 _LAZY = frozenset({"gather_dequantize", "quantize_scatter"})
+_SELECT = frozenset({"ImplChoice", "which_impl"})
 
 
 def is_available() -> bool:
@@ -59,6 +63,8 @@ def _launch_module() -> Any:
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(_launch_module(), name)
+    if name in _SELECT:
+        return getattr(importlib.import_module("kvcompat.kernels._select"), name)
     msg = f"module 'kvcompat.kernels' has no attribute {name!r}"
     raise AttributeError(msg)
 

@@ -14,6 +14,7 @@ import contextlib
 import torch
 import triton
 
+from kvcompat import _ops
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.kernels import _triton as jit
 from kvcompat.kernels._config import LaunchSettings, launch_settings
@@ -222,6 +223,8 @@ def gather_dequantize(
         torch.Size([2, 512])
     """
     spec = _spec(spec, fnuz=fnuz)
+    if torch.compiler.is_compiling():  # one custom op: Dynamo never traces the launch
+        return _ops.gather_dequantize(spec, buf, loc, page_size, fnuz=fnuz, out=out)
     plan = _plan(read_plan(spec, fnuz=fnuz))
     geo = _check_buf(spec, buf, page_size)
     loc = _check_loc(loc, buf.device, LayoutError)
@@ -309,6 +312,9 @@ def quantize_scatter(
         119
     """
     spec = _spec(spec, fnuz=fnuz)
+    if torch.compiler.is_compiling():  # one custom op: Dynamo never traces the launch
+        _ops.quantize_scatter(spec, values, buf, loc, page_size, fnuz=fnuz)
+        return
     dtype = getattr(values, "dtype", None)
     if not isinstance(dtype, torch.dtype):
         msg = f"values must be a torch.Tensor; received {type(values).__name__}."

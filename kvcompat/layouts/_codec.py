@@ -5,7 +5,10 @@ pure-torch path ("torch twin": gather or encode, scatter) or one fused Triton ke
 :mod:`kvcompat.kernels`, which writes the same bytes; ``impl`` picks: ``"auto"`` (the
 default) takes the kernel for CUDA tensors when triton is installed and a kernel serves
 the call, the twin otherwise; ``"torch"`` and ``"triton"`` force one. Triton is imported
-only when a kernel is actually chosen.
+only when a kernel is actually chosen. ``KVCOMPAT_IMPL`` sets what ``"auto"`` means; the
+choice is logged on the ``"kvcompat"`` logger and :func:`kvcompat.kernels.which_impl`
+tells it in advance (``docs/logging.md``). Under ``torch.compile`` both entry points run
+as ``torch.library`` custom ops (:mod:`kvcompat._ops`).
 
 Writes are all or nothing (see ``docs/atomic-writes.md``). On the torch path every part of
 a write (key, value; data rows, scale rows) and every CPU chunk is encoded before the
@@ -17,15 +20,14 @@ kernel serves every part) before the first launch, and each part is one fused ke
 
 from __future__ import annotations
 
-import functools
 import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcompat._errors import ImplError, KernelUnavailableError, LayoutError
+from kvcompat._errors import ImplError, LayoutError
 from kvcompat._protocol import Impl
+from kvcompat.kernels._select import dispatch
 from kvcompat.layouts._addressing import gather_rows, scatter_targets
 from kvcompat.layouts._plain import PLAIN_CODEC
 from kvcompat.layouts._registry import get_layout
@@ -71,11 +73,6 @@ def _resolve(layout: object, *, fnuz: bool) -> LayoutSpec:
     return spec
 
 
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 _LAUNCHERS: list[Any] = []
 
 
@@ -104,35 +101,6 @@ def check_impl(impl: object) -> None:
         raise ImplError(msg)
 
 
-def _kernel_gap(
-    spec: LayoutSpec,
-    buf: object,
-    *,
-    write: bool,
-    fnuz: bool,
-    values_dtype: torch.dtype | None,
-) -> str | None:
-    """Why ``impl="triton"`` cannot serve this call (None when a kernel can).
-
-    Imports triton (an ImportError naming pip when it is missing).
-    """
-    launch = _launchers()
-    if not isinstance(buf, torch.Tensor):
-        return None  # validation explains what buf must be
-    device = buf.device.type
-    if device != "cuda" and not (device == "cpu" and launch.INTERPRETED):
-        return (
-            f"the Triton kernels need CUDA tensors, or CPU tensors under the Triton "
-            f"interpreter (TRITON_INTERPRET=1 set before triton is imported); the buffer "
-            f"is on {buf.device}"
-        )
-    if buf.data_ptr() % 16:
-        return "the buffer does not start at a multiple of 16 bytes"
-    from kvcompat.kernels._plan import unsupported  # noqa: PLC0415 - keeps imports light
-
-    return unsupported(spec, write=write, fnuz=fnuz, values_dtype=values_dtype)
-
-
 def _use_kernel(
     impl: object,
     spec: LayoutSpec,
@@ -142,31 +110,8 @@ def _use_kernel(
     fnuz: bool,
     values_dtype: torch.dtype | None = None,
 ) -> bool:
-    """Whether this call goes to a Triton kernel (``impl`` resolved).
-
-    ``impl="triton"`` where no kernel serves the call raises
-    :class:`~kvcompat.KernelUnavailableError` here, before anything is read or written.
-    """
-    if impl == "torch" and type(impl) is str:
-        return False
-    if impl == "triton" and type(impl) is str:
-        gap = _kernel_gap(spec, buf, write=write, fnuz=fnuz, values_dtype=values_dtype)
-        if gap is not None:
-            msg = (
-                f"impl='triton' cannot serve this {'write' if write else 'read'} of layout "
-                f"{spec.name!r}: {gap}. Hint: use impl='auto' (it falls back to the torch "
-                "twin by itself) or impl='torch'."
-            )
-            raise KernelUnavailableError(msg)
-        return True
-    check_impl(impl)
-    if not isinstance(buf, torch.Tensor) or buf.device.type != "cuda":
-        return False
-    if buf.data_ptr() % 16 or not _triton_installed():
-        return False
-    from kvcompat.kernels._plan import unsupported  # noqa: PLC0415 - keeps imports light
-
-    return unsupported(spec, write=write, fnuz=fnuz, values_dtype=values_dtype) is None
+    """Whether this call goes to a Triton kernel (decided and logged in ``kernels._select``)."""
+    return dispatch(impl, spec, buf, write=write, fnuz=fnuz, values_dtype=values_dtype)
 
 
 def _check_out(spec: LayoutSpec, out: torch.Tensor, n: int, device: torch.device) -> None:
@@ -244,6 +189,12 @@ def dequantize(
         tensor([1., 1.], dtype=torch.bfloat16)
     """
     spec = _resolve(layout, fnuz=fnuz)
+    if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
+        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
+
+        return _ops.dequantize(
+            spec, buf, loc, page_size, fnuz=fnuz, validate=validate, impl=impl, out=out
+        )
     kernel = _use_kernel(impl, spec, buf, write=False, fnuz=fnuz)
     if validate:
         loc = check_read(spec, buf, loc, page_size)
@@ -334,6 +285,14 @@ def quantize(
         [119, 119, 119, 119, 119, 119, 119, 0]
     """
     spec = _resolve(layout, fnuz=fnuz)
+    if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
+        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
+
+        _ops.quantize(
+            spec, values, buf, loc, page_size, fnuz=fnuz, check_finite=check_finite,
+            validate=validate, impl=impl,
+        )  # fmt: skip
+        return
     dtype = values.dtype if isinstance(values, torch.Tensor) else None
     kernel = _use_kernel(impl, spec, buf, write=True, fnuz=fnuz, values_dtype=dtype)
     if validate:
@@ -456,6 +415,18 @@ def quantize_parts(
         >>> k[2, 0, 0].item(), v[2, 0, 0].item()
         (1.0, 2.0)
     """
+    if torch.compiler.is_compiling():
+        # Under torch.compile every part was validated before this call; each part is then
+        # stored by one custom op (kvcompat._ops). The save-and-restore rollback across
+        # parts and the alias copy are eager-mode guarantees (docs/atomic-writes.md).
+        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
+
+        for spec, rows, buf, loc in parts:
+            _ops.quantize(
+                spec, rows, buf, loc, page_size, fnuz=fnuz, check_finite=False,
+                validate=False, impl=impl,
+            )  # fmt: skip
+        return
     buffers = tuple(buf for _, _, buf, _ in parts)
     parts = [(spec, unaliased(rows, buffers), buf, loc) for spec, rows, buf, loc in parts]
     kernels = [

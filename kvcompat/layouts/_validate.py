@@ -504,6 +504,10 @@ def check_write(
         ...     print(str(exc).split(".")[0])
         loc repeats 1 location(s): 3
     """
+    if torch.compiler.is_compiling():  # the host reads run inside a custom op (kvcompat._ops)
+        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
+
+        return _ops.check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     size = check_page_size(spec, page_size)
     capacity = check_buffer(spec, buf, size)
     loc64 = _check_loc(loc, capacity=capacity, device=buf.device, error=WriteError, unique=True)
