@@ -45,6 +45,11 @@ _IMPORT_WARNING_FILTERS = (
     # transformers imports sentencepiece, a SWIG extension whose builtin types lack
     # __module__; CPython reports that from the import machinery.
     r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning",
+    # 0.5.12 only: its FLA utilities warn at import that Triton has no GPU driver here.
+    (
+        r"ignore:Triton is not supported on current platform, roll back to CPU\.:UserWarning:"
+        r"sglang\.srt\.layers\.attention\.fla\.utils"
+    ),
 )
 
 
