@@ -19,9 +19,11 @@ Nothing here imports sglang at import time; :func:`pool_class` goes through
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import inspect
+from collections.abc import Iterator
 from typing import Any, Final
 
 import pytest
@@ -97,3 +99,63 @@ def require(present: object, feature: str) -> None:
     """Raise :class:`ReleaseLacks` for ``feature`` unless ``present`` is truthy."""
     if not present:
         raise ReleaseLacks(feature)
+
+
+_NAMED_KV = {4: "c4_kv_pool", 128: "c128_kv_pool"}
+_NAMED_INDEX = {4: "c4_indexer_kv_pool"}
+
+
+def dsv4_kv_pools(native: Any) -> dict[int, Any]:
+    """A DSv4 composite's compressed KV pools by ratio, as the release keeps them.
+
+    ``kv_pools`` from 0.5.20; before, the ``c4_kv_pool`` / ``c128_kv_pool`` attributes.
+    """
+    if isinstance(getattr(native, "kv_pools", None), dict):
+        return dict(native.kv_pools)
+    return {ratio: getattr(native, name) for ratio, name in _NAMED_KV.items()}
+
+
+def dsv4_index_pools(native: Any) -> dict[int, Any]:
+    """A DSv4 composite's indexer pools by ratio (``index_pools`` or ``c4_indexer_kv_pool``)."""
+    if isinstance(getattr(native, "index_pools", None), dict):
+        return dict(native.index_pools)
+    return {ratio: getattr(native, name) for ratio, name in _NAMED_INDEX.items()}
+
+
+def dsv4_pages(size: int, page_size: int, global_page_size: int | None = None) -> int:
+    """Pages a DSv4 single pool of the installed release allocates for ``size`` tokens.
+
+    From 0.5.21 (the module has ``_num_dsv4_physical_kv_pages``): ``ceil((size + global) /
+    page)``; before: ``(size + page + 1) // page`` (0.5.12's formula, also the legacy double's).
+    """
+    module = prepare_sglang().deepseek_v4_memory_pool
+    if callable(getattr(module, "_num_dsv4_physical_kv_pages", None)):
+        extra = page_size if global_page_size is None else global_page_size
+        return -(-(size + extra) // page_size)
+    return (size + page_size + 1) // page_size
+
+
+def mha_fuses_k_and_v(native: Any) -> bool:
+    """Whether an MHA pool of this release allocates K and V as halves of one tensor.
+
+    0.5.23 does; 0.5.12-0.5.20 allocate them separately (shared/reference/sglang-releases.md,
+    "MHA storage facts"). No attribute names the allocation itself, so this asks for
+    ``model_layer_ids``, which the same release added to every MHA pool.
+    """
+    return "model_layer_ids" in vars(native)
+
+
+@contextlib.contextmanager
+def cpu_kernel(feature: str) -> Iterator[None]:
+    """Turn "this native call needs a GPU kernel on this release" into :class:`ReleaseLacks`.
+
+    Older releases run some writers through a Triton kernel (``set_mla_kv_buffer`` before
+    0.5.21), which fails on a CPU-only machine while Triton looks for a GPU driver. Only
+    that failure (Triton's ``0 active drivers``) becomes a skip; anything else propagates.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        if "active drivers" not in str(exc):
+            raise
+        raise ReleaseLacks(feature, "a CPU implementation") from exc

@@ -31,6 +31,14 @@ from _sglang.cases import (
     same_memory,
 )
 from _sglang.env import SGLangSession
+from _sglang.env import prepare_sglang
+from _sglang.features import (
+    dsv4_index_pools,
+    dsv4_kv_pools,
+    dsv4_pages,
+    mha_fuses_k_and_v,
+    release,
+)
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
@@ -572,10 +580,14 @@ def test_v4_page_is_584_bytes_per_token_padded_to_576() -> None:
 
 
 def test_dsv4_page_count_is_ceil_of_size_plus_global_page() -> None:
+    """0.5.21 on: ceil((size + global page) / page); before: (size + page + 1) // page."""
     assert len({buf.shape[0] for buf in b.build_dsv4_single_pool(size=100).kv_buffer}) == 1
-    assert b.build_dsv4_single_pool(size=100).kv_buffer[0].shape[0] == 3  # ceil(164 / 64)
-    assert b.build_dsv4_single_pool(size=63).kv_buffer[0].shape[0] == 2  # ceil(127 / 64)
-    assert b.build_dsv4_single_pool(size=64).kv_buffer[0].shape[0] == 2  # ceil(128 / 64)
+    for size, new in ((100, 3), (63, 2), (64, 2)):  # ceil(164 / 64), ceil(127 / 64), 128 / 64
+        pages = b.build_dsv4_single_pool(size=size).kv_buffer[0].shape[0]
+        assert pages == dsv4_pages(size, 64), f"[sglang {release()}] size {size}: {pages} pages"
+        if callable(getattr(prepare_sglang().deepseek_v4_memory_pool,
+                            "_num_dsv4_physical_kv_pages", None)):  # fmt: skip
+            assert pages == new
 
 
 def test_dsv4_single_key_buffer_is_fp8_view_of_uint8_storage() -> None:
@@ -597,7 +609,8 @@ def test_uniform_fp8_pool_geometry() -> None:
     assert native.bytes_per_page_padded == 64 * 512
     assert [tuple(t.shape) for t in native.kv_buffer] == [(2, 32768)] * 2
     assert {t.dtype for t in native.kv_buffer} == {FP8}
-    assert native.kv_layout.value == "v4", "the class attribute still says V4"
+    if hasattr(native, "kv_layout"):  # 0.5.21 on
+        assert native.kv_layout.value == "v4", "the class attribute still says V4"
 
 
 @pytest.mark.parametrize(("fp4", "row"), [(False, 64 * 132), (True, 64 * 68)])
@@ -622,10 +635,10 @@ def test_dsv4_token_pool_routing(case: PoolCase) -> None:
     start = case.start_layer
     assert (native._stage_start, native._stage_end) == (start, len(ratios))
     # Sub-pools are built without start_layer: they take stage-local / compress-local ids.
-    subs = [native.swa_kv_pool, *native.kv_pools.values(), *native.index_pools.values()]
+    subs = [native.swa_kv_pool, *dsv4_kv_pools(native).values(), *dsv4_index_pools(native).values()]
     assert [p.start_layer for p in subs] == [0] * len(subs)
-    assert sorted(native.kv_pools) == [4, 128]
-    assert sorted(native.index_pools) == [4]
+    assert sorted(dsv4_kv_pools(native)) == [4, 128]
+    assert sorted(dsv4_index_pools(native)) == [4]
     assert native.layer_mapping[:start] == [None] * start
     for layer, s in case.storage(native).items():
         what = f"{case.id} layer {layer}"
@@ -639,7 +652,7 @@ def test_dsv4_token_pool_routing(case: PoolCase) -> None:
             s.where["key"],
         )
         if "extra" in s.extras:
-            assert item.compress_kv_pool is native.kv_pools[ratios[layer]], what
+            assert item.compress_kv_pool is dsv4_kv_pools(native)[ratios[layer]], what
             assert_view(
                 native.get_extra_key_buffer(layer),
                 s.extras["extra"],
@@ -674,13 +687,19 @@ def test_dsv4_token_pool_sub_pool_geometry() -> None:
     native = b.build_dsv4_token_pool(start_layer=0)
     # SWA: 256 tokens, page 256 -> ceil((256 + 256) / 256) = 2 pages of 256 * 584 -> 149760 B.
     assert [tuple(t.shape) for t in native.swa_kv_pool.kv_buffer] == [(2, 149760)] * 3
-    # c4: page 256 / 4 = 64, 64 slots + the 256-token global page -> 5 pages of 37440 B.
-    assert [tuple(t.shape) for t in native.kv_pools[4].kv_buffer] == [(5, 37440)]
+    # c4: page 256 / 4 = 64, 64 slots + the 256-token global page -> 5 pages of 37440 B
+    # (before 0.5.21: (64 + 64 + 1) // 64 = 2 pages).
+    c4_pages = dsv4_pages(64, 64, 256)
+    assert [tuple(t.shape) for t in dsv4_kv_pools(native)[4].kv_buffer] == [(c4_pages, 37440)]
     # c128: page 2, 4 slots -> ceil(260 / 2) = 130 pages of ceil(2 * 584 / 576) * 576 = 1728 B.
-    assert [tuple(t.shape) for t in native.kv_pools[128].kv_buffer] == [(130, 1728)]
-    # c4 indexer: c128_size * 32 = 128 slots, page 64 -> 6 pages of 64 * 132 B.
-    assert [tuple(t.shape) for t in native.index_pools[4].index_k_with_scale_buffer] == [(6, 8448)]
-    assert native.pd_kv_layout() == "v4,c4:v4,c128:v4"
+    c128_pages = dsv4_pages(4, 2, 256)
+    assert [tuple(t.shape) for t in dsv4_kv_pools(native)[128].kv_buffer] == [(c128_pages, 1728)]
+    # c4 indexer: c128_size * 32 = 128 slots, page 64 -> 6 pages of 64 * 132 B (0.5.22 on:
+    # plus the global page; before: (128 + 64 + 1) // 64 = 3).
+    index = dsv4_index_pools(native)[4].index_k_with_scale_buffer
+    assert [tuple(t.shape)[1] for t in index] == [8448]
+    if callable(getattr(native, "pd_kv_layout", None)):  # 0.5.23 only
+        assert native.pd_kv_layout() == "v4,c4:v4,c128:v4"
 
 
 def test_dsv4_token_pool_v41_layouts() -> None:
@@ -721,10 +740,16 @@ def test_dsv4_token_pool_refuses_page_size_64() -> None:
 )
 def test_mha_k_and_v_are_halves_of_one_allocation(case: PoolCase) -> None:
     native = case.build()
+    leaf = getattr(native, "full_kv_pool", native)
     for layer, s in case.storage(native).items():
         assert s.value is not None
+        if not mha_fuses_k_and_v(leaf):  # 0.5.12-0.5.20: two allocations per layer
+            assert s.key.untyped_storage().data_ptr() != s.value.untyped_storage().data_ptr(), (
+                f"[sglang {release()}] {case.id} layer {layer}: K and V share one allocation"
+            )
+            continue
         assert s.key.untyped_storage().data_ptr() == s.value.untyped_storage().data_ptr(), (
-            f"{case.id} layer {layer}: K and V no longer share one allocation"
+            f"[sglang {release()}] {case.id} layer {layer}: K and V no longer share one allocation"
         )
         rows = s.key.shape[0]
         padded = -(-rows // b.MHA_PAGE) * b.MHA_PAGE
