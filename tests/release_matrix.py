@@ -147,7 +147,9 @@ def _class_of(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def summarize(release: str, junit: Path, install_s: float, tests_s: float, rc: int) -> dict[str, Any]:
+def summarize(
+    release: str, junit: Path, install_s: float, tests_s: float, rc: int
+) -> dict[str, Any]:
     """The committed per-release result: counts, classes, capability skips."""
     root = ET.parse(junit).getroot()
     outcomes: Counter[str] = Counter()
@@ -244,7 +246,7 @@ def render(results: list[dict[str, Any]]) -> str:
         "",
         "## Test counts and wall time",
         "",
-        "| release | passed | failed | skipped by capability | other skips | install (s) | tests (s) |",
+        "| release | passed | failed | skipped by capability | other skips | install (s) | tests (s) |",  # noqa: E501
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:

@@ -193,9 +193,12 @@ def _state_nodes(
     pools = static_attr(native, attr, None) or ()
     c128_apart = _ships_c128_state_apart(native) and attr == "compress_state_pools"
     grouped: dict[int, list[tuple[int, Any]]] = {}
+    model_ratios = static_attr(native, "compression_ratios", None) or ()
     for layer, pool in enumerate(pools):
         if pool is not None:
-            ratio = int_or_none(static_attr(pool, "ratio", None)) or 0
+            ratio = int_or_none(static_attr(pool, "ratio", None))
+            if ratio is None:  # 0.5.12-0.5.13: the state pool does not record its ratio
+                ratio = int(model_ratios[layer]) if layer < len(model_ratios) else 0
             grouped.setdefault(ratio, []).append((layer, pool))
     nodes: list[PoolManifest] = []
     for ratio, members in grouped.items():

@@ -29,7 +29,6 @@ from typing import Any, Final
 
 import torch
 
-from _sglang.env import prepare_sglang
 from _sglang.features import ReleaseLacks, accepts, pool_class
 
 __all__ = [
@@ -38,6 +37,7 @@ __all__ = [
     "STAGED_BUILDERS",
     "STAGE_END",
     "EndLayer",
+    "ReleaseLacks",
     "build_dsa_pool",
     "build_dsv4_indexer_pool",
     "build_dsv4_single_pool",
@@ -49,7 +49,6 @@ __all__ = [
     "build_mha_pool",
     "build_mla_pool",
     "build_swa_pool",
-    "ReleaseLacks",
     "end_layer_kwargs",
     "radix_layer",
 ]
@@ -399,8 +398,14 @@ def build_dsv4_token_pool(
     end_layer: EndLayer = STAGE_END,
     kv_layout: str | None = None,
     page_size: int = 256,
+    allow_short_swa: bool = False,
 ) -> Any:
     """``DeepSeekV4TokenToKVPool``: SWA main cache + c4/c128 compressed caches + c4 indexer.
+
+    ``start_layer`` without ``end_layer`` builds the whole model's stage; 0.5.12 then still
+    gives the SWA pool only ``layer_num`` buffers (fewer than the stage's layers, an
+    inconsistent pool kvcompat refuses), which raises :class:`ReleaseLacks` unless
+    ``allow_short_swa``.
 
     ``compression_ratios`` is the whole model's list (one entry per model layer), as in
     production. ``start_layer=None`` builds the whole model; an int builds the pipeline stage
@@ -422,7 +427,7 @@ def build_dsv4_token_pool(
         states = {"c4_state_dtype": torch.float32, "c128_state_dtype": torch.float32}
     else:  # 0.5.12-0.5.13: one state dtype for both compress-state pools
         states = {"state_dtype": torch.float32}
-    return cls(
+    pool = cls(
         max_num_reqs=4,
         swa_size=256,
         c4_size=64,
@@ -443,6 +448,12 @@ def build_dsv4_token_pool(
         **stage,
         **layout,
     )
+    swa = getattr(pool, "swa_kv_pool", None)
+    stage_layers = pool._stage_end - pool._stage_start
+    if not allow_short_swa and swa is not None and len(swa.kv_buffer) < stage_layers:
+        feature = "DeepSeekV4TokenToKVPool sizing its SWA pool to the stage without end_layer"
+        raise ReleaseLacks(feature, f"{len(swa.kv_buffer)} SWA buffers for {stage_layers} layers")
+    return pool
 
 
 STAGED_BUILDERS: Final[tuple[tuple[str, Callable[..., Any], str], ...]] = (

@@ -75,10 +75,8 @@ class Slot:
                 msg = f"bad slot path segment {part!r} in {self.attr!r}"
                 raise ValueError(msg)
             name = match["name"]
-            if name in _POOL_TABLES:  # kv_pools / index_pools, or the pre-0.5.20 attributes
-                obj = _POOL_TABLES[name](obj)
-            else:
-                obj = getattr(obj, name)
+            # kv_pools / index_pools read through the pre-0.5.20 attributes where needed
+            obj = _POOL_TABLES[name](obj) if name in _POOL_TABLES else getattr(obj, name)
             for sub in _SUB.findall(match["subs"]):
                 obj = obj[int(sub)]
         return obj

@@ -159,3 +159,31 @@ def cpu_kernel(feature: str) -> Iterator[None]:
         if "active drivers" not in str(exc):
             raise
         raise ReleaseLacks(feature, "a CPU implementation") from exc
+
+
+@functools.cache
+def dsv4_single_getter_is_raw() -> bool:
+    """Whether ``DeepSeekV4SingleKVPool.get_key_buffer`` is 0.5.12's raw form.
+
+    0.5.12 returns ``kv_buffer[layer_id]`` (uint8, raw index) for every dtype; from 0.5.13
+    an fp8 pool's getter subtracts ``start_layer`` and returns a float8 view (trap 3). No
+    attribute tells the two apart, so this asks the getter itself once, on a fresh fp8 pool
+    at ``start_layer`` 0 (where both forms pick the same buffer).
+    """
+    import torch
+
+    cls = pool_class("DeepSeekV4SingleKVPool")
+    pool = cls(64, 64, torch.float8_e4m3fn, 448, 64, 1, "cpu", False)
+    return bool(pool.get_key_buffer(0).dtype == torch.uint8)
+
+
+def kv_write_loc() -> Any:
+    """SGLang's ``KVWriteLoc`` (``memory_pool``, from 0.5.14), or :class:`ReleaseLacks`.
+
+    ``SWAKVPool.set_kv_buffer`` takes the SWA-translated location through it; 0.5.12-0.5.13
+    have no such class.
+    """
+    cls = getattr(prepare_sglang().memory_pool, "KVWriteLoc", None)
+    if not isinstance(cls, type):
+        raise ReleaseLacks("KVWriteLoc")
+    return cls

@@ -1,8 +1,9 @@
 """Assertion helpers for the kvcompat-vs-real-SGLang tests.
 
 Every failure message starts with *where*: ``"[sglang <release>] <case id> layer <l>: <what was
-called>"`` (build it with :func:`at`; the case id starts with the class name), then says what differed (data_ptr, shape, strides, dtype, exception type or
-message) and, when a tensor is another layer's storage, whose.
+called>"`` (build it with :func:`at`; the case id starts with the class name), then says what
+differed (data_ptr, shape, strides, dtype, exception type or message) and, when a tensor is
+another layer's storage, whose.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ import pytest
 from _sglang.env import STUB_DIR, SGLangSession, prepare_sglang
 from _sglang.features import release
 
-
 SURVEYED_RELEASES = ("0.5.12", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
 """Releases whose pool API this tier was surveyed against (shared/reference/sglang-releases.md)."""
 

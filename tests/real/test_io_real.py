@@ -9,8 +9,7 @@ import pytest
 import torch
 from _sglang import builders as b
 from _sglang.cases import CONFORMANCE_CASES, PoolCase
-from _sglang.env import prepare_sglang
-from _sglang.features import cpu_kernel
+from _sglang.features import cpu_kernel, pool_class
 
 import kvcompat
 from kvcompat.layouts import dequantize, quantize
@@ -151,8 +150,7 @@ def test_uniform_fp8_write_equals_native_set_key_buffer_fused() -> None:
 
 
 def test_dsa_fp8_pool_reads_and_writes_the_656_byte_rows() -> None:
-    mp = prepare_sglang().memory_pool
-    native = mp.DSATokenToKVPool(
+    native = pool_class("DSATokenToKVPool")(
         size=64, page_size=64, kv_lora_rank=512, dtype=torch.float8_e4m3fn, qk_rope_head_dim=64,
         layer_num=1, device="cpu", enable_memory_saver=False, index_head_dim=128,
         kv_cache_dim=656,

@@ -30,12 +30,13 @@ from _sglang.cases import (
     cases_for,
     same_memory,
 )
-from _sglang.env import SGLangSession
-from _sglang.env import prepare_sglang
+from _sglang.env import SGLangSession, prepare_sglang
 from _sglang.features import (
     dsv4_index_pools,
     dsv4_kv_pools,
     dsv4_pages,
+    dsv4_single_getter_is_raw,
+    kv_write_loc,
     mha_fuses_k_and_v,
     release,
 )
@@ -151,11 +152,19 @@ def test_case_facts_describe_the_native_pool(case: PoolCase) -> None:
 _RAW_INDEX_KEY = {"DeepSeekV4UniformFP8KVPool", "LegacyDeepSeekV4SingleKVPool"}
 
 
+def _raw_index_key(case: PoolCase) -> bool:
+    """Whether the case's native ``get_key_buffer`` takes the raw id (trap 3): the uniform-fp8
+    pool and the legacy double always; every DSv4 single pool on 0.5.12."""
+    if case.cls_name in _RAW_INDEX_KEY:
+        return True
+    return case.family == "single" and dsv4_single_getter_is_raw()
+
+
 def _expected_key(case: PoolCase, native: Any, layer: int, s: LayerStorage) -> Any:
     """What ``native.get_key_buffer(layer)`` does for a served layer."""
     if case.family in ("index", "dsv4_token"):
         return BARE
-    if case.cls_name in _RAW_INDEX_KEY:
+    if _raw_index_key(case):
         # Raw index: kv_buffer[layer_id], start_layer ignored (trap 3 / survey 4.2).
         if layer >= len(native.kv_buffer):
             return OUT_OF_RANGE
@@ -298,13 +307,13 @@ def test_set_kv_buffer(case: PoolCase, sglang_session: SGLangSession) -> None:
             if case.layers[layer].key.attr.startswith("swa_kv_pool."):
                 loc = _SWA_LOC
                 # SWA layers need the pre-translated swa_loc: a bare assert otherwise.
-                bare_loc = sglang_session.memory_pool.KVWriteLoc(_LOC)
+                bare_loc = kv_write_loc()(_LOC)
                 assert_raises(
                     partial(native.set_kv_buffer, radix_layer(layer), bare_loc, k, k),
                     Raises(AssertionError),
                     f"{what} without swa_loc",
                 )
-            loc_info = sglang_session.memory_pool.KVWriteLoc(_LOC, swa_loc=_SWA_LOC)
+            loc_info = kv_write_loc()(_LOC, swa_loc=_SWA_LOC)
         if family == "latent":
             # MLA writes the whole latent row from K and ignores V entirely.
             v = torch.full((2, 1, b.KV_LORA_RANK), 7.0, dtype=BF16)
@@ -358,7 +367,7 @@ def _expected_unserved_key(case: PoolCase, native: Any, layer: int) -> Any:
         return Raises(ValueError, (f"layer_id={layer} not in full attention layers: {keys}",))
     if family == "swa":
         return Raises(KeyError, (layer,))
-    if case.cls_name in _RAW_INDEX_KEY:
+    if _raw_index_key(case):
         listing = native.kv_buffer
         if layer < len(listing):
             return ("is", listing[layer], f"pool.kv_buffer[{layer}]")
@@ -405,8 +414,10 @@ def test_trap1_id_below_start_layer_silently_reads_a_served_layer(
     layer1 = getattr(native, attr)[0]
     assert same_memory(got, layer1), f"{name}: get_key_buffer(0) is not layer 1's buffer"
     # With two layers, id 0 lands on the *last* served layer (buffer[-1] == layer 2).
+    # (0.5.12's DSv4 single pools index raw ids: id 0 is buffer[0], layer 1's.)
     native = build(start_layer=1, layer_num=2)
-    assert same_memory(native.get_key_buffer(0), getattr(native, attr)[1]), name
+    raw = name in ("DeepSeekV4SingleKVPool", "HiSparseC4DevicePool") and dsv4_single_getter_is_raw()
+    assert same_memory(native.get_key_buffer(0), getattr(native, attr)[0 if raw else 1]), name
     assert_raises(lambda: native.get_key_buffer(3), OUT_OF_RANGE, f"{name}: get_key_buffer(3)")
 
 
@@ -430,6 +441,12 @@ def test_trap3_dsv4_single_get_key_buffer_has_two_branches() -> None:
     # fp8 dtype: store_dtype uint8 != dtype, so the getter subtracts start_layer and views.
     fp8 = b.build_dsv4_single_pool(start_layer=1, dtype=FP8)
     assert fp8.store_dtype == torch.uint8
+    if dsv4_single_getter_is_raw():  # 0.5.12: one branch, the raw uint8 index for every dtype
+        assert_is(
+            fp8.get_key_buffer(1), fp8.kv_buffer[1], "fp8 get_key_buffer(1)", "pool.kv_buffer[1]"
+        )
+        assert_raises(lambda: fp8.get_key_buffer(2), OUT_OF_RANGE, "fp8 get_key_buffer(2)")
+        return
     assert_view(
         fp8.get_key_buffer(1),
         fp8.kv_buffer[0],
@@ -517,7 +534,7 @@ def test_trap5_swa_start_layer_through_kwargs_shifts_both_sub_pools(
     )
     # Writes go through the same shifted index.
     k = torch.ones(2, b.HEAD_NUM, b.HEAD_DIM, dtype=BF16)
-    loc = sglang_session.memory_pool.KVWriteLoc(_LOC)
+    loc = kv_write_loc()(_LOC)
     native.set_kv_buffer(radix_layer(1), loc, k, k)
     assert torch.equal(full[1][_LOC], k), "layer 1's write landed elsewhere than k_buffer[1]"
     assert int(full[0].count_nonzero()) == 0
@@ -594,6 +611,9 @@ def test_dsv4_single_key_buffer_is_fp8_view_of_uint8_storage() -> None:
     native = b.build_dsv4_single_pool()
     key = native.get_key_buffer(0)
     raw = native.kv_buffer[0]
+    if dsv4_single_getter_is_raw():  # 0.5.12: the uint8 storage itself, no view
+        assert key is raw
+        return
     assert raw.dtype == torch.uint8
     assert key.dtype == FP8
     assert key.shape == raw.shape == (2, 37440)
@@ -616,7 +636,7 @@ def test_uniform_fp8_pool_geometry() -> None:
 @pytest.mark.parametrize(("fp4", "row"), [(False, 64 * 132), (True, 64 * 68)])
 def test_dsv4_indexer_geometry(fp4: bool, row: int) -> None:
     native = b.build_dsv4_indexer_pool(use_fp4_indexer=fp4)
-    assert native.use_fp4_indexer is fp4
+    assert getattr(native, "use_fp4_indexer", False) is fp4  # no such attribute before 0.5.21
     assert [tuple(t.shape) for t in native.index_k_with_scale_buffer] == [(2, row)] * 2
     assert {t.dtype for t in native.index_k_with_scale_buffer} == {torch.uint8}
 
@@ -631,6 +651,7 @@ def test_dsv4_indexer_none_reads_the_published_config() -> None:
 @pytest.mark.parametrize("case", case_params(cases_for(family="dsv4_token")))
 def test_dsv4_token_pool_routing(case: PoolCase) -> None:
     native = case.build()
+    view = torch.uint8 if dsv4_single_getter_is_raw() else FP8  # 0.5.12: the raw storage
     ratios = case.kwargs["compression_ratios"]
     start = case.start_layer
     assert (native._stage_start, native._stage_end) == (start, len(ratios))
@@ -647,7 +668,7 @@ def test_dsv4_token_pool_routing(case: PoolCase) -> None:
         assert_view(
             native.get_swa_key_buffer_radix(layer),
             s.key,
-            FP8,
+            view,
             f"{what}: get_swa_key_buffer_radix",
             s.where["key"],
         )
@@ -656,7 +677,7 @@ def test_dsv4_token_pool_routing(case: PoolCase) -> None:
             assert_view(
                 native.get_extra_key_buffer(layer),
                 s.extras["extra"],
-                FP8,
+                view,
                 f"{what}: get_extra_key_buffer",
                 s.where["extra"],
             )

@@ -24,7 +24,13 @@ import pytest
 import torch
 from _sglang.builders import radix_layer
 from _sglang.env import prepare_sglang
-from _sglang.features import ReleaseLacks, accepts, cpu_kernel, mha_fuses_k_and_v
+from _sglang.features import (
+    ReleaseLacks,
+    accepts,
+    cpu_kernel,
+    kv_write_loc,
+    mha_fuses_k_and_v,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -393,7 +399,6 @@ def test_mha_set_kv_buffer_writes_the_same_bytes(
 
 
 def test_mha_write_loc_objects_are_unwrapped_alike() -> None:
-    session = prepare_sglang()
     args: dict[str, Any] = {
         "size": 64,
         "page_size": 16,
@@ -407,7 +412,7 @@ def test_mha_write_loc_objects_are_unwrapped_alike() -> None:
     }
     real, ref = _mha_pair(args)
     k = torch.randn(2, 2, 8).to(BF16)
-    loc = session.memory_pool.KVWriteLoc(torch.tensor([4, 9]))
+    loc = kv_write_loc()(torch.tensor([4, 9]))
     for pool in (real, ref):
         pool.set_kv_buffer(radix_layer(3), loc, k.clone(), k.clone())
     for attr in MHA_BUFFERS:
@@ -711,7 +716,10 @@ def swa_args(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _swa_pair(args: dict[str, Any]) -> tuple[Any, Any]:
-    return _real("SWAKVPool")(**args), ReferenceSWAKVPool(**args)
+    cls = _real("SWAKVPool")
+    # 0.5.12-0.5.14 require enable_kvcache_transpose (always False: it is asserted off).
+    extra = {"enable_kvcache_transpose": False} if accepts(cls, "enable_kvcache_transpose") else {}
+    return cls(**args, **extra), ReferenceSWAKVPool(**args)
 
 
 def _swa_probe_ids(args: dict[str, Any]) -> list[int]:

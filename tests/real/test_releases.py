@@ -88,19 +88,18 @@ def test_dsv4_c128_state_is_in_the_group_the_release_ships_it_in() -> None:
     ``get_c128_state_buf_infos``; 0.5.20 on: ``get_request_state_buf_infos``."""
     case = next(c for c in CONFORMANCE_CASES if c.id == "DeepSeekV4TokenToKVPool-start0")
     native = case.build()
+    ratios = native.compression_ratios  # the state pools record no ratio before 0.5.14
     c128_states = {
         pool.kv_score_buffer.kv_score.data_ptr()
-        for pool in native.compress_state_pools
-        if pool is not None and pool.ratio == 128
+        for layer, pool in enumerate(native.compress_state_pools)
+        if pool is not None and ratios[layer] == 128
     }
     assert c128_states, where(case, "no c128 compress state built")
     apart = any(
         callable(getattr(type(native), m, None))
         for m in ("get_request_state_buf_infos", "get_c128_state_buf_infos")
     )
-    groups = {
-        d.group for d in transfer_descriptors(native) if d.ptr in c128_states
-    }
+    groups = {d.group for d in transfer_descriptors(native) if d.ptr in c128_states}
     want = TransferGroup.REQUEST_STATE if apart else TransferGroup.STATE
     assert groups == {want}, where(case, f"c128 compress state in {groups}, want {want}")
 
@@ -140,7 +139,9 @@ def _owned_object(obj: Any) -> bool:
 def _span(tensor: torch.Tensor) -> tuple[int, int]:
     if tensor.numel() == 0:
         return tensor.data_ptr(), tensor.data_ptr()
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    extent = 1 + sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
     return tensor.data_ptr(), tensor.data_ptr() + extent * tensor.element_size()
 
 
@@ -201,7 +202,7 @@ def test_no_kvcompat_call_raises_a_bare_attribute_or_key_error(case: PoolCase) -
     for name, call in _calls(native):
         try:
             call()
-        except (AttributeError, KeyError) as exc:
+        except (AttributeError, KeyError) as exc:  # noqa: PERF203 -- one call each
             pytest.fail(where(case, f"{name} raised a bare {type(exc).__name__}: {exc}"))
     pool = kvcompat.adapt(native)
     for layer in pool.layer_ids:
@@ -213,9 +214,28 @@ def test_no_kvcompat_call_raises_a_bare_attribute_or_key_error(case: PoolCase) -
                     pool.layout(layer)
                 else:
                     pool.get_key_buffer(layer, wait=False)
-            except kvcompat.KVCompatError:
+            except kvcompat.KVCompatError:  # noqa: PERF203
                 pass  # a clear refusal is fine (e.g. no codec for the indexer layout)
             except (AttributeError, KeyError) as exc:
                 pytest.fail(
                     where(case, f"layer {layer} {name} raised a bare {type(exc).__name__}: {exc}")
                 )
+
+
+def test_dsv4_composite_with_fewer_swa_buffers_than_layers_is_refused() -> None:
+    """0.5.12 with ``start_layer`` and no ``end_layer``: the stage is the whole model but the
+    SWA pool has ``layer_num`` buffers, so layers 3-5 have none. kvcompat says so instead of
+    serving some other layer's buffer; the other releases size the SWA pool to the stage."""
+    from _sglang.builders import build_dsv4_token_pool
+
+    native = build_dsv4_token_pool(
+        compression_ratios=(0, 4, 128, 0, 4, 128), start_layer=3, end_layer=None,
+        allow_short_swa=True,
+    )  # fmt: skip
+    stage = native._stage_end - native._stage_start
+    if len(native.swa_kv_pool.kv_buffer) >= stage:
+        kvcompat.adapt(native)  # consistent: adapts
+        return
+    with pytest.raises(kvcompat.LayoutError, match="outside the 3 buffers"):
+        kvcompat.adapt(native)
+    assert describe(native).find("swa").layer_ids  # described natively all the same
