@@ -7,13 +7,13 @@ import torch
 from _sglang import builders as b
 from _sglang.builders import radix_layer
 from _sglang.cases import CONFORMANCE_CASES, PoolCase
-from _sglang.env import prepare_sglang
+from _sglang.features import kv_write_loc
 
 import kvcompat
 
 
 def test_swa_pool_with_sglangs_own_kv_write_loc() -> None:
-    write_loc_cls = prepare_sglang().memory_pool.KVWriteLoc
+    write_loc_cls = kv_write_loc()
     ours, theirs = b.build_swa_pool(), b.build_swa_pool()
     k = torch.randn(2, 2, 8).to(torch.bfloat16)
     v = torch.randn(2, 2, 8).to(torch.bfloat16)
@@ -44,7 +44,7 @@ def test_dsv4_pools_run_an_unported_backend(build: object) -> None:
     keys = torch.randn(2, 1, 512).to(torch.bfloat16)
     loc: object = torch.tensor([5, 6])
     if kvcompat.is_composite_pool(native):
-        loc = prepare_sglang().memory_pool.KVWriteLoc(torch.tensor([99, 98]), swa_loc=loc)
+        loc = kv_write_loc()(torch.tensor([99, 98]), swa_loc=loc)
     pool.set_kv_buffer(radix_layer(layer_id), loc, keys, None)
     back = pool.kvcompat.read(layer_id, torch.tensor([5, 6]))
     assert (back.float() - keys.float()).abs().max() <= keys.float().abs().max() / 16
@@ -73,7 +73,7 @@ def test_proxy_getters_and_writer_on_every_conformance_case(case: PoolCase) -> N
         values = torch.randn(2, spec.value.heads, spec.value.dim // spec.value.heads)
     loc: object = torch.tensor([3, 4])
     if adapter.kind is kvcompat.PoolKind.COMPOSITE:
-        loc = prepare_sglang().memory_pool.KVWriteLoc(torch.tensor([3, 4]), swa_loc=loc)
+        loc = kv_write_loc()(torch.tensor([3, 4]), swa_loc=loc)
     pool.set_kv_buffer(radix_layer(layer_id), loc, keys, values)
     back = adapter.read(layer_id, torch.tensor([3, 4]))
     bound = keys.float().abs().max() / 4  # the coarsest layout here (fp8 rows) stays within
