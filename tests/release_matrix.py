@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         rc, tests_s = run_tier(release, overlay, junit)
         result = summarize(release, junit, install_s, tests_s, rc)
         (DATA / f"{release}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        write_page()  # page and data agree after every release (a later tier checks that)
         t = result["tests"]
         print(
             f"== SGLang {release}: exit {rc}, {t['passed']} passed, {t['failed']} failed, "
