@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 from _sglang.cases import CONFORMANCE_CASES, PoolCase
-from _sglang.features import release
+from _sglang.features import ReleaseLacks, release
 
 import kvcompat
 from kvcompat.inspection import (
@@ -239,3 +239,71 @@ def test_dsv4_composite_with_fewer_swa_buffers_than_layers_is_refused() -> None:
     with pytest.raises(kvcompat.LayoutError, match="outside the 3 buffers"):
         kvcompat.adapt(native)
     assert describe(native).find("swa").layer_ids  # described natively all the same
+
+
+# -- DSv4 V4 bytes vs SGLang's own CPU writer ---------------------------------------------
+
+_V4_WRITER_MODULES = (
+    "sglang.kernels.ops.attention.dsv4.index_buf_accessor",  # 0.5.13-0.5.22
+    "sglang.srt.layers.attention.dsv4.index_buf_accessor",  # 0.5.12
+)
+
+
+def _native_v4_writer() -> tuple[Any, Any]:
+    """``(_set_k_and_s_torch, NopeFp8RopeBf16Pack)`` of the installed release, or a skip:
+    0.5.23 ships only the Triton store (``kernels/ops/kvcache/dsv4_main_kv_store.py``)."""
+    import importlib
+    import importlib.util
+
+    for name in _V4_WRITER_MODULES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:
+            continue
+        if spec is None:
+            continue
+        module = importlib.import_module(name)
+        writer = getattr(module, "_set_k_and_s_torch", None)
+        pack = getattr(module, "NopeFp8RopeBf16Pack", None)
+        if callable(writer) and pack is not None:
+            return writer, pack
+    raise ReleaseLacks("pure-torch DSv4 V4 writer (index_buf_accessor._set_k_and_s_torch)")
+
+
+def _v4_pack(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An independent V4 quantizer (test side): per 64-value tile of the 448 nope values,
+    scale ``2**ceil(log2(amax / 448))`` stored as a ue8m0 byte; e4m3 codes; bf16 rope."""
+    nope = key[:, :448].float().reshape(len(key), 7, 64)
+    amax = nope.abs().amax(dim=-1).clamp_min(1e-30)
+    exponent = torch.ceil(torch.log2(amax / 448.0))
+    codes = (nope / torch.exp2(exponent).unsqueeze(-1)).reshape(len(key), 448)
+    scale = (exponent + 127).to(torch.uint8)
+    return codes.to(torch.float8_e4m3fn), key[:, 448:].to(torch.bfloat16).contiguous(), scale
+
+
+def test_dsv4_v4_bytes_equal_sglangs_own_writer() -> None:
+    """kvcompat's V4 write equals SGLang's pure-torch V4 writer byte for byte, and kvcompat
+    reads what that writer stored (the releases that ship one: 0.5.12-0.5.22)."""
+    from _sglang.builders import build_dsv4_single_pool
+
+    writer, pack_cls = _native_v4_writer()
+    gen = torch.Generator().manual_seed(12)
+    loc = torch.tensor([1, 7, 63, 64, 100])
+    key = (torch.randn(len(loc), 512, generator=gen) * 3).to(torch.bfloat16)
+    nope, rope, scale = _v4_pack(key)
+    theirs = build_dsv4_single_pool(size=128)
+    writer(theirs.kv_buffer[0], loc, pack_cls(nope, rope, scale), theirs.page_size)
+    ours_native = build_dsv4_single_pool(size=128)
+    ours = kvcompat.adapt(ours_native)
+    ours.write(0, loc, key.reshape(len(loc), 1, 512))
+    label = f"[sglang {release()}] DeepSeekV4SingleKVPool layer 0"
+    assert torch.equal(ours_native.kv_buffer[0], theirs.kv_buffer[0]), (
+        f"{label}: kvcompat's V4 bytes differ from SGLang's _set_k_and_s_torch at "
+        f"{(ours_native.kv_buffer[0] != theirs.kv_buffer[0]).nonzero()[:8].tolist()}"
+    )
+    back = kvcompat.adapt(theirs).read(0, loc).reshape(len(loc), 512).float()
+    want_nope = nope.float().reshape(len(loc), 7, 64) * torch.exp2(scale.float() - 127)[..., None]
+    want = torch.cat([want_nope.reshape(len(loc), 448), rope.float()], dim=1)
+    assert torch.equal(back.to(torch.bfloat16), want.to(torch.bfloat16)), (
+        f"{label}: kvcompat's read of SGLang-written bytes is not their dequantized value"
+    )
