@@ -264,9 +264,9 @@ def render(results: list[dict[str, Any]]) -> str:
     ]
     for r in results:
         skips = r["capability_skips"]
-        lines.append(f"- **{r['release']}**: " + (
-            "; ".join(f"{what} ({n} tests)" for what, n in skips.items()) if skips else "nothing"
-        ))  # fmt: skip
+        lines.append(f"- **{r['release']}**: {sum(skips.values())} tests" if skips else
+                     f"- **{r['release']}**: nothing")  # fmt: skip
+        lines.extend(f"  - {what}: {n}" for what, n in skips.items())
     lines.append("")
     return "\n".join(lines)
 

@@ -65,9 +65,9 @@ class ReleaseLacks(pytest.skip.Exception):  # type: ignore[name-defined, misc]
             ``"DeepSeekV4IndexerPool(use_fp4_indexer=...)"``.
     """
 
-    def __init__(self, feature: str, wanted: str = "") -> None:
+    def __init__(self, feature: str, wanted: str = "") -> None:  # wanted: what asked for it
         self.feature = feature
-        detail = f" (wanted: {wanted})" if wanted else ""
+        detail = f" ({wanted})" if wanted else ""
         super().__init__(f"{SKIP_PREFIX} SGLang {release()} has no {feature}{detail}")
 
 
