@@ -129,7 +129,8 @@ def dsv4_compressed_pools(
     Reads ``kv_pools`` / ``index_pools`` (SGLang 0.5.20 on) or, when the composite has
     no such dicts, the ``c4_kv_pool``, ``c128_kv_pool`` and ``c4_indexer_kv_pool``
     attributes that 0.5.12-0.5.19 keep. ``path`` is the attribute path from the
-    composite (``"kv_pools[4]"`` or ``"c4_kv_pool"``). Absent (None) pools are left out.
+    composite (``"kv_pools[4]"`` or ``"c4_kv_pool"``). A ratio the composite lists with no
+    pool (None: ``unified_kv`` mode keeps those rows elsewhere) is kept, as None.
     ``read(obj, name, default)`` is ``getattr`` or a static reader that runs no code.
 
     Example:
@@ -139,18 +140,19 @@ def dsv4_compressed_pools(
         ({4: ('c4_kv_pool', 'A'), 128: ('c128_kv_pool', 'B')}, {4: ('c4_indexer_kv_pool', 'I')})
         >>> new = SimpleNamespace(kv_pools={4: "A", 128: None}, index_pools={4: "I"})
         >>> dsv4_compressed_pools(new)
-        ({4: ('kv_pools[4]', 'A')}, {4: ('index_pools[4]', 'I')})
+        ({4: ('kv_pools[4]', 'A'), 128: ('kv_pools[128]', None)}, {4: ('index_pools[4]', 'I')})
     """
+    absent = object()
     found: list[_Pools] = []
     for attr, named in (("kv_pools", _NAMED_KV_POOLS), ("index_pools", _NAMED_INDEX_POOLS)):
         table = read(native, attr, None)
         if isinstance(table, dict):
-            pools = {int(r): (f"{attr}[{int(r)}]", p) for r, p in table.items() if p is not None}
+            pools = {int(r): (f"{attr}[{int(r)}]", p) for r, p in table.items()}
         else:
             pools = {
                 ratio: (name, pool)
                 for ratio, name in named
-                if (pool := read(native, name, None)) is not None
+                if (pool := read(native, name, absent)) is not absent
             }
         found.append(pools)
     return found[0], found[1]
@@ -202,13 +204,13 @@ def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
             by_ratio.setdefault(int(item.compress_ratio), {})[layer] = int(item.compress_layer_id)
     kv_pools, index_pools = dsv4_compressed_pools(native)
     for ratio, (_, pool) in kv_pools.items():
-        if ratio in by_ratio:
+        if pool is not None and ratio in by_ratio:
             name = f"c{ratio}"
             components[name] = adapt_part(
                 pool, owner=owner, component=name, slots=by_ratio[ratio], **waits
             )
     for ratio, (_, pool) in index_pools.items():
-        if ratio in by_ratio:
+        if pool is not None and ratio in by_ratio:
             name = f"c{ratio}_indexer"
             components[name] = adapt_part(
                 pool, owner=owner, component=name, slots=by_ratio[ratio], **waits

@@ -283,6 +283,10 @@ _LEAF_SPECS: tuple[tuple[type[LeafAdapter], Role, tuple[_Part, ...]], ...] = (
             _Part(
                 "index_key_cache.buffer", Role.INDEX_KEYS, group=TransferGroup.STATE, rows="page"
             ),
+            # SGLang 0.5.12's NSATokenToKVPool (DSA's predecessor) keeps them as a list.
+            _Part(
+                "index_k_with_scale_buffer", Role.INDEX_KEYS, group=TransferGroup.STATE, rows="page"
+            ),
         ),
     ),
     (SingleKVAdapter, Role.PACKED_KV, (_Part("kv_buffer", Role.PACKED_KV, rows="page"),)),

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 from _sglang.cases import CONFORMANCE_CASES, PoolCase
-from _sglang.features import ReleaseLacks, release
+from _sglang.features import ReleaseLacks, pool_class, release
 
 import kvcompat
 from kvcompat.inspection import (
@@ -307,3 +307,24 @@ def test_dsv4_v4_bytes_equal_sglangs_own_writer() -> None:
     assert torch.equal(back.to(torch.bfloat16), want.to(torch.bfloat16)), (
         f"{label}: kvcompat's read of SGLang-written bytes is not their dequantized value"
     )
+
+
+def test_nsa_pool_of_0_5_12_is_described_and_registered_like_sglang() -> None:
+    """0.5.12 names DSA's pool ``NSATokenToKVPool`` (an MLA subclass whose index keys are an
+    ``index_k_with_scale_buffer`` list): kvcompat serves it as a latent pool, and its index
+    keys are in the manifest and in the ``state`` group exactly as SGLang registers them."""
+    cls = pool_class("NSATokenToKVPool")
+    native = cls(
+        size=64, page_size=64, kv_lora_rank=32, dtype=torch.bfloat16, qk_rope_head_dim=16,
+        layer_num=2, device="cpu", index_head_dim=128, enable_memory_saver=False,
+        kv_cache_dim=48,
+    )  # fmt: skip
+    label = f"[sglang {release()}] NSATokenToKVPool"
+    assert kvcompat.pool_kind(native) is kvcompat.PoolKind.LATENT, label
+    for group, method in ((TransferGroup.KV, "get_contiguous_buf_infos"),
+                          (TransferGroup.STATE, "get_state_buf_infos")):  # fmt: skip
+        ours = tuple(list(x) for x in as_buf_infos(transfer_descriptors(native, group=group)))
+        assert ours == native_triple(native, method), f"{label}: {group.value} vs {method}()"
+    listed = {t.data_ptr for t in describe(native).iter_tensors() if t.role.value != "opaque"}
+    for i, buf in enumerate(native.index_k_with_scale_buffer):
+        assert buf.data_ptr() in listed, f"{label}: index_k_with_scale_buffer[{i}] not described"
