@@ -9,7 +9,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: demo test lint typecheck docs unit bench clean
+.PHONY: demo test lint typecheck docs unit releases bench clean
 
 $(VENV)/.base-stamp: requirements/torch-cpu.txt requirements/build.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,7 +37,12 @@ docs: $(VENV)/.test-stamp
 unit: $(VENV)/.test-stamp
 	$(PY) -m pytest
 
-test: lint typecheck docs unit
+# The real tier under every SGLang release with DeepSeek-V4 pools (overlays beside the venv's
+# 0.5.23); writes docs/_data/sglang-matrix/*.json and docs/supported-versions.md.
+releases: $(VENV)/.test-stamp
+	$(PY) tests/release_matrix.py
+
+test: lint typecheck docs unit releases
 
 bench: $(VENV)/.base-stamp
 	$(PY) benchmarks/bench_getters.py

@@ -802,6 +802,8 @@ class LatentAdapter(LeafAdapter):
         Buffer("kv_buffer", "latent", rows="token", value_prefix="kv_lora_rank"),
         Buffer("kv_scale_buffer", "key_scales", group="kv_scale"),
         Buffer("index_key_cache.buffer", "index_keys", group="state", rows="page"),
+        # SGLang 0.5.12's NSATokenToKVPool (DSA's predecessor) keeps them as a list.
+        Buffer("index_k_with_scale_buffer", "index_keys", group="state", rows="page"),
     )
     returns = (
         "the full latent row ``kv_buffer[slot]`` (logical dtype)",

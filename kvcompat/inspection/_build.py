@@ -28,7 +28,7 @@ from kvcompat.adapters import (
     SingleKVAdapter,
     SplitAdapter,
 )
-from kvcompat.adapters.sglang import adapt_dsv4_token_pool
+from kvcompat.adapters.sglang import adapt_dsv4_token_pool, dsv4_compressed_pools
 from kvcompat.inspection._model import (
     PoolManifest,
     Role,
@@ -78,7 +78,8 @@ def _layout_name(native: Any) -> str | None:  # noqa: PLR0911, PLR0912 -- one an
         if static_attr(native, "uniform_fp8", False):
             return "uniform_fp8"
         ratios = sorted({int(r) for r in static_attr(native, "compression_ratios", []) or []} - {0})
-        pools = static_attr(native, "kv_pools", None) or {}
+        found, _ = dsv4_compressed_pools(native, static_attr)  # kv_pools or c4_/c128_kv_pool
+        pools = {ratio: pool for ratio, (_, pool) in found.items()}
         main = str(enum_value(static_attr(native, "kv_layout", None)) or "v4")
         extra = [
             f"c{r}:{_layout_name(pools[r]) if pools.get(r) is not None else main}" for r in ratios

@@ -13,6 +13,7 @@ import torch
 
 from kvcompat._protocol import PoolKind
 from kvcompat._registry import qualified_name
+from kvcompat.adapters.sglang import dsv4_compressed_pools
 from kvcompat.inspection._build import (
     Walk,
     _layout_name,
@@ -46,7 +47,13 @@ def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
     Transfer regions follow SGLang's registration order: ``kv`` is C4 KV, C4
     indexer, C128 KV (then ratios 1 and 2); ``state`` is the SWA pages then the
     page-scoped compress states by layer; ``request_state`` is the
-    request-scoped compress states by layer.
+    request-scoped compress states by layer (``get_request_state_buf_infos()``,
+    or ``get_c128_state_buf_infos()`` on 0.5.15-0.5.19).
+
+    Works on every release with the class: before 0.5.20 the compressed pools are
+    the ``c4_kv_pool`` / ``c128_kv_pool`` / ``c4_indexer_kv_pool`` attributes (paths
+    name them so), and before 0.5.21 which compress states are request-scoped is
+    decided by :func:`_ships_c128_state_apart`.
     """
     ratios = [int(r) for r in static_attr(native, "compression_ratios", None) or ()]
     start = int_or_none(static_attr(native, "_stage_start", None)) or 0
@@ -74,10 +81,12 @@ def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
                 swa_page=swa_page,
             )
         )
-    kv_pools = static_attr(native, "kv_pools", None) or {}
-    index_pools = dict(static_attr(native, "index_pools", None) or {})
+    kv_pools, index_pools = dsv4_compressed_pools(native, static_attr)
     position: dict[int, int] = {}
-    for ratio, pool in [*kv_pools.items(), *((r, None) for r in index_pools if r not in kv_pools)]:
+    for ratio, (where, pool) in [
+        *kv_pools.items(),
+        *((r, ("", None)) for r in index_pools if r not in kv_pools),
+    ]:
         position[ratio] = pos = len(position)
         slots = by_ratio.get(int(ratio), {})
         if pool is not None:
@@ -86,13 +95,13 @@ def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
                     walk,
                     pool,
                     name=f"c{ratio}",
-                    path=join_path(path, f"kv_pools[{ratio}]"),
+                    path=join_path(path, where),
                     slots=slots,
                     order=3 * pos,
                     extra={"compress_ratio": int(ratio)},
                 )
             )
-        indexer = index_pools.get(ratio)
+        index_where, indexer = index_pools.get(ratio, ("", None))
         if indexer is not None:
             index_page = int_or_none(static_attr(indexer, "page_size", None)) or 1
             per_item = max(1, (page // int(ratio)) // index_page) if ratio in (1, 2) else 1
@@ -101,7 +110,7 @@ def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
                     walk,
                     indexer,
                     name=f"c{ratio}_indexer",
-                    path=join_path(path, f"index_pools[{ratio}]"),
+                    path=join_path(path, index_where),
                     slots=slots,
                     pages_per_item=per_item,
                     order=3 * pos + 2,
@@ -161,15 +170,35 @@ def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
     )
 
 
+def _ships_c128_state_apart(native: Any) -> bool:
+    """Whether the composite registers its c128 compress states apart from the page states.
+
+    From 0.5.21 each ``CompressStatePool`` says so itself (``request_scoped``). Before,
+    SGLang 0.5.15-0.5.19 ship the c128 states through ``get_c128_state_buf_infos()`` and
+    0.5.20 through ``get_request_state_buf_infos()``, both leaving them out of
+    ``get_state_buf_infos()``; 0.5.12-0.5.14 have neither method and keep them in
+    ``get_state_buf_infos()``. The methods are looked up on the class, never called.
+    """
+    cls = type(native)
+    return any(
+        callable(getattr(cls, name, None))
+        for name in ("get_c128_state_buf_infos", "get_request_state_buf_infos")
+    )
+
+
 def _state_nodes(
     walk: Walk, native: Any, path: str, attr: str, suffix: str, *, order_base: int
 ) -> list[PoolManifest]:
     """One node per compress ratio for a per-layer list of ``CompressStatePool`` objects."""
     pools = static_attr(native, attr, None) or ()
+    c128_apart = _ships_c128_state_apart(native) and attr == "compress_state_pools"
     grouped: dict[int, list[tuple[int, Any]]] = {}
+    model_ratios = static_attr(native, "compression_ratios", None) or ()
     for layer, pool in enumerate(pools):
         if pool is not None:
-            ratio = int_or_none(static_attr(pool, "ratio", None)) or 0
+            ratio = int_or_none(static_attr(pool, "ratio", None))
+            if ratio is None:  # 0.5.12-0.5.13: the state pool does not record its ratio
+                ratio = int(model_ratios[layer]) if layer < len(model_ratios) else 0
             grouped.setdefault(ratio, []).append((layer, pool))
     nodes: list[PoolManifest] = []
     for ratio, members in grouped.items():
@@ -182,7 +211,10 @@ def _state_nodes(
             if isinstance(tensor, torch.Tensor) and walk.claim(tensor):
                 row = row_bytes(tensor)
                 ring = int_or_none(static_attr(pool, "ring_size", None)) or 1
-                if static_attr(pool, "request_scoped", False):
+                scoped = static_attr(pool, "request_scoped", None)
+                if scoped is None:  # before 0.5.21: no flag; decided by the composite's class
+                    scoped = c128_apart and ratio == 128
+                if scoped:
                     group = TransferGroup.REQUEST_STATE
                     if ratio == 2:
                         item = row * ring

@@ -1,4 +1,13 @@
-"""One builder per SGLang 0.5.23 pool class that constructs on CPU: a fresh native pool each call.
+"""One builder per SGLang pool class that constructs on CPU: a fresh native pool each call.
+
+Builders work on every release from 0.5.12 to 0.5.23. Where a constructor differs between
+releases the builder asks the installed class (its signature), never the version string:
+``enable_kvcache_transpose`` (a required argument of ``SWAKVPool`` / ``HybridLinearKVPool``
+until 0.5.14), one ``state_dtype`` or ``c4_state_dtype`` + ``c128_state_dtype`` (the DSv4
+composite, split in 0.5.14), ``use_fp4_indexer`` (from 0.5.21), ``kv_layout`` (from 0.5.21).
+A configuration the installed release cannot build (a class it does not have, an ``fp4``
+indexer before 0.5.21, a ``kv_layout`` before it existed) raises :class:`ReleaseLacks`
+(see :mod:`_sglang.features`), which the tests turn into a skip naming the missing feature.
 
 Every builder calls :func:`~_sglang.env.prepare_sglang` first (idempotent), builds on
 ``device="cpu"`` with ``enable_memory_saver=False`` and the small sizes measured in
@@ -20,7 +29,7 @@ from typing import Any, Final
 
 import torch
 
-from _sglang.env import prepare_sglang
+from _sglang.features import ReleaseLacks, accepts, pool_class
 
 __all__ = [
     "DSV4_LAYOUT_DIMS",
@@ -28,6 +37,7 @@ __all__ = [
     "STAGED_BUILDERS",
     "STAGE_END",
     "EndLayer",
+    "ReleaseLacks",
     "build_dsa_pool",
     "build_dsv4_indexer_pool",
     "build_dsv4_single_pool",
@@ -101,6 +111,20 @@ def _stage(start_layer: int, layer_num: int, end_layer: EndLayer) -> dict[str, i
     return {"start_layer": start_layer, **end_layer_kwargs(start_layer, layer_num, end_layer)}
 
 
+def _no_transpose(cls: type) -> dict[str, bool]:
+    """``enable_kvcache_transpose=False`` where the constructor requires it (until 0.5.14)."""
+    return {"enable_kvcache_transpose": False} if accepts(cls, "enable_kvcache_transpose") else {}
+
+
+def _layout_kwargs(cls: type, kv_layout: str | None) -> dict[str, str]:
+    """``kv_layout=`` for a DSv4 pool, or :class:`ReleaseLacks` before it existed (0.5.21)."""
+    if kv_layout is None:
+        return {}
+    if not accepts(cls, "kv_layout"):
+        raise ReleaseLacks(f"{cls.__name__}(kv_layout=...)", f"kv_layout={kv_layout!r}")
+    return {"kv_layout": kv_layout}
+
+
 def build_mha_pool(
     *,
     start_layer: int = 0,
@@ -113,8 +137,7 @@ def build_mha_pool(
 ) -> Any:
     """``MHATokenToKVPool``: K and V ``[size + page, heads, dim]`` per layer; with
     ``k_only``, ``MHATokenToKOnlyPool`` (MiniMax sparse index keys): K only."""
-    mp = prepare_sglang().memory_pool
-    cls = mp.MHATokenToKOnlyPool if k_only else mp.MHATokenToKVPool
+    cls = pool_class("MHATokenToKOnlyPool" if k_only else "MHATokenToKVPool")
     return cls(
         size=size,
         page_size=page_size,
@@ -150,8 +173,7 @@ def build_mla_pool(
     dtype: torch.dtype = torch.bfloat16,
 ) -> Any:
     """``MLATokenToKVPool``: one latent row ``[size + page, 1, kv_lora_rank + rope]`` per layer."""
-    mp = prepare_sglang().memory_pool
-    return mp.MLATokenToKVPool(
+    return pool_class("MLATokenToKVPool")(
         size=SIZE,
         page_size=MHA_PAGE,
         dtype=dtype,
@@ -171,8 +193,7 @@ def build_dsa_pool(
     end_layer: EndLayer = STAGE_END,
 ) -> Any:
     """``DSATokenToKVPool`` (bf16 latent, so not the packed 656-byte fp8 row) + index-K cache."""
-    mp = prepare_sglang().memory_pool
-    return mp.DSATokenToKVPool(
+    return pool_class("DSATokenToKVPool")(
         size=SIZE,
         page_size=DSA_PAGE,
         kv_lora_rank=KV_LORA_RANK,
@@ -197,8 +218,8 @@ def build_hybrid_linear_pool(
     The wrapper takes global ids of the full-attention layers and maps them to dense
     sub-pool ids; ``start_layer`` only shifts its layer-transfer wait. It has no ``end_layer``.
     """
-    mp = prepare_sglang().memory_pool
-    return mp.HybridLinearKVPool(
+    cls = pool_class("HybridLinearKVPool")
+    return cls(
         size=SIZE,
         dtype=torch.bfloat16,
         page_size=MHA_PAGE,
@@ -209,6 +230,7 @@ def build_hybrid_linear_pool(
         mamba_pool=None,
         enable_memory_saver=False,
         start_layer=start_layer,
+        **_no_transpose(cls),
     )
 
 
@@ -225,8 +247,8 @@ def build_swa_pool(
     expressed by its global layer ids. ``sub_pool_kwargs`` go through the wrapper's
     ``**kwargs`` to *both* sub-pools -- that is how trap 5 (``start_layer`` via kwargs) is built.
     """
-    swa = prepare_sglang().swa_memory_pool
-    return swa.SWAKVPool(
+    cls = pool_class("SWAKVPool")
+    return cls(
         size=SIZE,
         size_swa=size_swa,
         page_size=MHA_PAGE,
@@ -237,6 +259,7 @@ def build_swa_pool(
         full_attention_layer_ids=list(full_attention_layer_ids),
         device=DEVICE,
         enable_memory_saver=False,
+        **_no_transpose(cls),
         **dict(sub_pool_kwargs or {}),
     )
 
@@ -252,10 +275,10 @@ def _dsv4_single_like(
     size: int,
     page_size: int,
 ) -> Any:
-    d4 = prepare_sglang().deepseek_v4_memory_pool
+    cls = pool_class(cls_name)
     nope, rope = DSV4_LAYOUT_DIMS[kv_layout or "v4"]
-    layout = {} if kv_layout is None else {"kv_layout": kv_layout}
-    return getattr(d4, cls_name)(
+    layout = _layout_kwargs(cls, kv_layout)
+    return cls(
         size,
         page_size,
         dtype,
@@ -347,8 +370,15 @@ def build_dsv4_indexer_pool(
     ``use_fp4_indexer=None`` reads ``enable_deepseek_v4_fp4_indexer`` from the published
     runtime config (False under the dummy config).
     """
-    d4 = prepare_sglang().deepseek_v4_memory_pool
-    return d4.DeepSeekV4IndexerPool(
+    cls = pool_class("DeepSeekV4IndexerPool")
+    if accepts(cls, "use_fp4_indexer"):
+        fp4: dict[str, Any] = {"use_fp4_indexer": use_fp4_indexer}
+    elif use_fp4_indexer is False:
+        fp4 = {}  # the only indexer these releases have is the fp8 one
+    else:
+        feature = "DeepSeekV4IndexerPool(use_fp4_indexer=...)"
+        raise ReleaseLacks(feature, f"use_fp4_indexer={use_fp4_indexer!r}")
+    return cls(
         SIZE,
         DSV4_PAGE,
         torch.float8_e4m3fn,
@@ -356,7 +386,7 @@ def build_dsv4_indexer_pool(
         layer_num,
         DEVICE,
         False,  # enable_memory_saver
-        use_fp4_indexer=use_fp4_indexer,
+        **fp4,
         **_stage(start_layer, layer_num, end_layer),
     )
 
@@ -368,8 +398,14 @@ def build_dsv4_token_pool(
     end_layer: EndLayer = STAGE_END,
     kv_layout: str | None = None,
     page_size: int = 256,
+    allow_short_swa: bool = False,
 ) -> Any:
     """``DeepSeekV4TokenToKVPool``: SWA main cache + c4/c128 compressed caches + c4 indexer.
+
+    ``start_layer`` without ``end_layer`` builds the whole model's stage; 0.5.12 then still
+    gives the SWA pool only ``layer_num`` buffers (fewer than the stage's layers, an
+    inconsistent pool kvcompat refuses), which raises :class:`ReleaseLacks` unless
+    ``allow_short_swa``.
 
     ``compression_ratios`` is the whole model's list (one entry per model layer), as in
     production. ``start_layer=None`` builds the whole model; an int builds the pipeline stage
@@ -377,7 +413,7 @@ def build_dsv4_token_pool(
     ``layer_num`` is the stage's layer count. ``page_size`` must be a multiple of 128 (the
     c128 page is ``page_size // 128``; 64 fails ZeroDivisionError).
     """
-    d4 = prepare_sglang().deepseek_v4_memory_pool
+    cls = pool_class("DeepSeekV4TokenToKVPool")
     ratios = list(compression_ratios)
     if start_layer is None:
         stage: dict[str, int] = {}
@@ -386,8 +422,12 @@ def build_dsv4_token_pool(
         end = len(ratios) if isinstance(end_layer, _StageEnd) else end_layer
         stage = {"start_layer": start_layer, **({} if end is None else {"end_layer": end})}
         layer_num = (len(ratios) if end is None else end) - start_layer
-    layout = {} if kv_layout is None else {"kv_layout": kv_layout}
-    return d4.DeepSeekV4TokenToKVPool(
+    layout = _layout_kwargs(cls, kv_layout)
+    if accepts(cls, "c4_state_dtype"):
+        states = {"c4_state_dtype": torch.float32, "c128_state_dtype": torch.float32}
+    else:  # 0.5.12-0.5.13: one state dtype for both compress-state pools
+        states = {"state_dtype": torch.float32}
+    pool = cls(
         max_num_reqs=4,
         swa_size=256,
         c4_size=64,
@@ -397,8 +437,7 @@ def build_dsv4_token_pool(
         page_size=page_size,
         swa_page_size=page_size,
         dtype=torch.float8_e4m3fn,
-        c4_state_dtype=torch.float32,
-        c128_state_dtype=torch.float32,
+        **states,
         qk_nope_head_dim=448,
         qk_rope_head_dim=64,
         indexer_head_dim=DSV4_INDEX_HEAD_DIM,
@@ -409,6 +448,12 @@ def build_dsv4_token_pool(
         **stage,
         **layout,
     )
+    swa = getattr(pool, "swa_kv_pool", None)
+    stage_layers = pool._stage_end - pool._stage_start
+    if not allow_short_swa and swa is not None and len(swa.kv_buffer) < stage_layers:
+        feature = "DeepSeekV4TokenToKVPool sizing its SWA pool to the stage without end_layer"
+        raise ReleaseLacks(feature, f"{len(swa.kv_buffer)} SWA buffers for {stage_layers} layers")
+    return pool
 
 
 STAGED_BUILDERS: Final[tuple[tuple[str, Callable[..., Any], str], ...]] = (

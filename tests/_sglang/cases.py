@@ -30,6 +30,7 @@ import torch
 
 from _sglang import builders as b
 from _sglang.env import prepare_sglang
+from _sglang.features import dsv4_index_pools, dsv4_kv_pools
 from _sglang.legacy import build_legacy_dsv4_single_pool
 
 __all__ = [
@@ -46,6 +47,10 @@ __all__ = [
     "same_memory",
 ]
 
+_POOL_TABLES: Mapping[str, Callable[[Any], dict[int, Any]]] = {
+    "kv_pools": dsv4_kv_pools,
+    "index_pools": dsv4_index_pools,
+}
 _PART = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?P<subs>(?:\[-?\d+\])*)$")
 _SUB = re.compile(r"\[(-?\d+)\]")
 
@@ -69,7 +74,9 @@ class Slot:
             if match is None:
                 msg = f"bad slot path segment {part!r} in {self.attr!r}"
                 raise ValueError(msg)
-            obj = getattr(obj, match["name"])
+            name = match["name"]
+            # kv_pools / index_pools read through the pre-0.5.20 attributes where needed
+            obj = _POOL_TABLES[name](obj) if name in _POOL_TABLES else getattr(obj, name)
             for sub in _SUB.findall(match["subs"]):
                 obj = obj[int(sub)]
         return obj

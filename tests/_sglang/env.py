@@ -1,4 +1,4 @@
-"""Process set-up for running SGLang 0.5.23's own KV-pool classes on a CPU-only machine.
+"""Process set-up for running SGLang's own KV-pool classes (0.5.12 to 0.5.23) on a CPU-only machine.
 
 Follows ``shared/reference/sglang-on-cpu.md`` (measured there):
 
@@ -10,7 +10,13 @@ Follows ``shared/reference/sglang-on-cpu.md`` (measured there):
   writes to ``sgl_kernel`` CPU ops that are not installed).
 * Several classes read the published runtime config, so a dummy one is installed the way
   SGLang's own tests do: ``get_context().override_server_args(device="cpu")`` plus
-  ``get_parallel().override_permanently(attn_dcp_rank=0)``.
+  ``get_parallel().override_permanently(attn_dcp_rank=0)``. Releases differ here (decided by
+  what the installed modules have, see ``shared/reference/sglang-releases.md``): without
+  ``override_permanently`` (0.5.14-0.5.19) the scoped ``get_parallel().override(...)`` is
+  entered for the session; without ``srt/runtime_context`` (0.5.12-0.5.13) a dummy
+  ``ServerArgs`` is published with ``server_args.set_global_server_args_for_scheduler``.
+* ``kernels/ops/attention/dsv4/kv_layout`` exists from 0.5.21 only; ``session.kv_layout`` is
+  None before.
 * Importing the pool modules loads ~4,400 modules and takes 4-11 s, so it happens once per
   process; :func:`prepare_sglang` is idempotent and :func:`release_sglang` undoes everything
   that can be undone (the imported modules stay).
@@ -20,6 +26,7 @@ Nothing in this module imports sglang at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -48,8 +55,11 @@ _POOL_MODULES = {
     "memory_pool": "sglang.srt.mem_cache.memory_pool",
     "swa_memory_pool": "sglang.srt.mem_cache.swa_memory_pool",
     "deepseek_v4_memory_pool": "sglang.srt.mem_cache.deepseek_v4_memory_pool",
-    "kv_layout": "sglang.kernels.ops.attention.dsv4.kv_layout",
-    "runtime_context": "sglang.srt.runtime_context",
+}
+# Modules that only some releases ship: None on the session when the release lacks them.
+_OPTIONAL_MODULES = {
+    "kv_layout": "sglang.kernels.ops.attention.dsv4.kv_layout",  # from 0.5.21
+    "runtime_context": "sglang.srt.runtime_context",  # from 0.5.14
 }
 _CACHE_VARS = ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR")
 _CPU_ENGINE_VAR = "SGLANG_USE_CPU_ENGINE"
@@ -67,7 +77,8 @@ class SGLangSession:
     Attributes:
         memory_pool, swa_memory_pool, deepseek_v4_memory_pool, kv_layout, runtime_context:
             the imported SGLang modules (read classes from them, e.g.
-            ``session.memory_pool.MHATokenToKVPool``).
+            ``session.memory_pool.MHATokenToKVPool``); ``kv_layout`` and
+            ``runtime_context`` are None on releases that do not ship them.
         torchvision_stubbed: True when the import stub stands in for torchvision.
         cache_dir: the temporary folder SGLang's caches point at.
         import_seconds: wall time of the one-off module import.
@@ -77,14 +88,16 @@ class SGLangSession:
     memory_pool: ModuleType
     swa_memory_pool: ModuleType
     deepseek_v4_memory_pool: ModuleType
-    kv_layout: ModuleType
-    runtime_context: ModuleType
+    kv_layout: ModuleType | None
+    runtime_context: ModuleType | None
     torchvision_stubbed: bool
     cache_dir: Path
     import_seconds: float
     sglang_version: str
     _saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
     _server_args_handle: Any = field(default=None, repr=False)
+    _parallel_override: Any = field(default=None, repr=False)
+    _saved_global_args: Any = field(default=None, repr=False)
     _config_installed: bool = field(default=False, repr=False)
 
     @property
@@ -148,12 +161,24 @@ def _restore_env(saved: dict[str, str | None]) -> None:
 
 def _install_config(session: SGLangSession) -> None:
     context = session.runtime_context
+    if context is None:
+        _install_global_server_args(session)
+        session._config_installed = True
+        return
     handle = context.get_context().override_server_args(device="cpu")
     handle.install()
     try:
         # attn_dcp_rank alone makes the published parallel config complete enough for
         # DSATokenToKVPool, DeepSeekV4TokenToKVPool and DeepSeekV4IndexerPool(None).
-        context.get_parallel().override_permanently(attn_dcp_rank=0)
+        parallel = context.get_parallel()
+        if hasattr(parallel, "clear_stamp"):
+            parallel.override_permanently(attn_dcp_rank=0)
+        else:
+            # Before 0.5.21 there is no way to undo a permanent override (0.5.14-0.5.19 lack
+            # override_permanently altogether): the scoped override is held for the session.
+            scoped = parallel.override(attn_dcp_rank=0)
+            scoped.__enter__()
+            session._parallel_override = scoped
     except BaseException:
         handle.restore()
         raise
@@ -161,13 +186,51 @@ def _install_config(session: SGLangSession) -> None:
     session._config_installed = True
 
 
+def _install_global_server_args(session: SGLangSession) -> None:
+    """0.5.12-0.5.13 (no ``runtime_context``): publish a dummy ``ServerArgs`` globally."""
+    server_args = importlib.import_module("sglang.srt.server_args")
+    session._saved_global_args = getattr(server_args, "_global_server_args", None)
+    cls = server_args.ServerArgs
+    # ServerArgs.__post_init__ resolves the model's config (a download): the dummy carries
+    # the dataclass defaults only, as a published ServerArgs that never served a model.
+    dummy = object.__new__(cls)
+    for item in dataclasses.fields(cls):
+        if item.default is not dataclasses.MISSING:
+            value = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            value = item.default_factory()
+        else:
+            value = None
+        object.__setattr__(dummy, item.name, value)
+    dummy.device = "cpu"
+    server_args.set_global_server_args_for_scheduler(dummy)
+
+
 def _uninstall_config(session: SGLangSession) -> None:
     if not session._config_installed:
         return
     session._config_installed = False
-    session.runtime_context.get_parallel().clear_stamp()
+    if session.runtime_context is None:
+        server_args = importlib.import_module("sglang.srt.server_args")
+        server_args.set_global_server_args_for_scheduler(session._saved_global_args)
+        session._saved_global_args = None
+        return
+    if session._parallel_override is not None:
+        scoped, session._parallel_override = session._parallel_override, None
+        scoped.__exit__(None, None, None)
+    else:
+        session.runtime_context.get_parallel().clear_stamp()
     session._server_args_handle.restore()
     session._server_args_handle = None
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    """Import ``name`` if this release ships it, else None (a missing parent counts too)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        return None
+    return None if spec is None else importlib.import_module(name)
 
 
 def prepare_sglang() -> SGLangSession:
@@ -193,7 +256,10 @@ def prepare_sglang() -> SGLangSession:
     _set_env(saved, cache_dir)
     try:
         started = time.perf_counter()
-        modules = {key: importlib.import_module(name) for key, name in _POOL_MODULES.items()}
+        modules: dict[str, ModuleType | None] = {
+            key: importlib.import_module(name) for key, name in _POOL_MODULES.items()
+        }
+        modules.update({key: _optional_module(name) for key, name in _OPTIONAL_MODULES.items()})
         import_seconds = time.perf_counter() - started
         session = SGLangSession(
             **modules,

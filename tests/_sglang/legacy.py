@@ -1,20 +1,21 @@
-"""A test double of ``DeepSeekV4SingleKVPool`` as older SGLang shipped it (survey §4).
+"""A test double of ``DeepSeekV4SingleKVPool`` as SGLang 0.5.12 shipped it (survey §4).
 
-``shared/reference/sglang-pools.md`` §4.2 lists what the class looked like before 0.5.23:
+What it models is 0.5.12's real class, checked against that release's wheel
+(``shared/reference/sglang-releases.md``; the release matrix runs 0.5.12 itself too):
 
 * **No ``KVLayout``**: the enum, the ``kv_layout`` class attribute and the ``kv_layout`` /
-  ``global_page_size`` constructor arguments arrived with #39652 (2026-09-15/16) and #30805.
-  At the 2026-08-27 pin the only main-KV format was the 584-byte V4 layout.
-* ``quantize_block_size = 64`` was a literal (0.5.23: ``kv_layout.tile_size``).
-* The page count was ``(size + page_size + 1) // page_size`` in both older versions read
-  (0.5.23: ``ceil((size + global_page_size) / page_size)``). For ``size=100, page_size=64``
-  that is 2 pages where 0.5.23 allocates 3.
+  ``global_page_size`` constructor arguments arrived in 0.5.21. Until then the only main-KV
+  format was the 584-byte V4 layout.
+* ``quantize_block_size = 64`` was a literal (0.5.21 on: ``kv_layout.tile_size``).
+* The page count was ``(size + page_size + 1) // page_size`` (0.5.12-0.5.20; 0.5.21 on:
+  ``ceil((size + global_page_size) / page_size)``). For ``size=100, page_size=64`` that is 2
+  pages where 0.5.23 allocates 3.
 * ``get_key_buffer(layer_id)`` returned ``self.kv_buffer[layer_id]``: the raw uint8 page
-  buffer, no float8 dtype view and no ``start_layer`` subtraction. This is the form of the
-  May-2026 version (``418025512e``); the pin-era files already had 0.5.23's
-  ``store_dtype != dtype`` branch, so across versions a shim sees either a uint8 or a
-  float8-typed view, with or without ``start_layer`` applied -- this double covers the side
-  0.5.23 does not.
+  buffer, no float8 dtype view and no ``start_layer`` subtraction. That is true of 0.5.12
+  only: from 0.5.13 the getter has 0.5.23's ``store_dtype != dtype`` branch (also 0.5.18 and
+  0.5.19, the releases around the 2026-08-27 error report), so across versions a shim sees
+  either a uint8 or a float8-typed view, with or without ``start_layer`` applied -- this
+  double puts 0.5.12's side on top of whichever release is installed.
 
 The double is a *subclass of the real* ``DeepSeekV4SingleKVPool`` (so detection by class name
 along the MRO sees it), built lazily because defining it imports SGLang.
@@ -64,7 +65,7 @@ def legacy_dsv4_single_pool_class() -> type:
     kv_cache = session.memory_pool.KVCache
 
     class LegacyDeepSeekV4SingleKVPool(real):  # type: ignore[misc, valid-type]
-        """``DeepSeekV4SingleKVPool`` as of 2026-08 (no kv_layout; raw-index uint8 getter)."""
+        """``DeepSeekV4SingleKVPool`` as of 0.5.12 (no kv_layout; raw-index uint8 getter)."""
 
         def __init__(
             self,

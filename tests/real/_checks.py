@@ -1,8 +1,9 @@
 """Assertion helpers for the kvcompat-vs-real-SGLang tests.
 
-Every failure message starts with *where*: ``"<case id> layer <l>: <what was called>"`` (build it
-with :func:`at`), then says what differed (data_ptr, shape, strides, dtype, exception type or
-message) and, when a tensor is another layer's storage, whose.
+Every failure message starts with *where*: ``"[sglang <release>] <case id> layer <l>: <what was
+called>"`` (build it with :func:`at`; the case id starts with the class name), then says what
+differed (data_ptr, shape, strides, dtype, exception type or message) and, when a tensor is
+another layer's storage, whose.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from _sglang.features import release
 
 __all__ = [
     "ImportLog",
@@ -32,10 +34,15 @@ _ENGINE_PREFIXES = ("sglang", "triton")
 
 
 def at(case_id: str, layer: int | None, what: str) -> str:
-    """The location prefix of a failure message: ``"<case> layer <l>: <what>"``."""
+    """The location prefix of a failure message: ``"[sglang <release>] <case> layer <l>: <what>"``.
+
+    The release is the installed ``sglang`` distribution's (the matrix runs this tier on
+    several), so a failure names the release, the class (case ids start with it) and the layer.
+    """
+    where = f"[sglang {release()}] {case_id}"
     if layer is None:
-        return f"{case_id}: {what}"
-    return f"{case_id} layer {layer}: {what}"
+        return f"{where}: {what}"
+    return f"{where} layer {layer}: {what}"
 
 
 def describe(value: Any) -> str:

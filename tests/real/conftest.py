@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _sglang.env import SGLangSession, prepare_sglang, release_sglang, sglang_installed
+from _sglang.features import SKIP_PREFIX, release
 
 _TIER_DIR = Path(__file__).resolve().parent
 
@@ -43,7 +45,28 @@ _IMPORT_WARNING_FILTERS = (
     # transformers imports sentencepiece, a SWIG extension whose builtin types lack
     # __module__; CPython reports that from the import machinery.
     r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning",
+    # 0.5.12 only: its FLA utilities warn at import that Triton has no GPU driver here.
+    (
+        r"ignore:Triton is not supported on current platform, roll back to CPU\.:UserWarning:"
+        r"sglang\.srt\.layers\.attention\.fla\.utils"
+    ),
 )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which SGLang release the tier runs against (the matrix runs several)."""
+    del config
+    return f"kvcompat real tier: SGLang {release()} (capability skips start {SKIP_PREFIX!r})"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Name the SGLang release in every failure report of this tier."""
+    del call
+    report = yield
+    if report.failed and _in_tier(item):
+        report.sections.append(("SGLang release", f"this failure is on SGLang {release()}"))
+    return report
 
 
 def _in_tier(item: pytest.Item) -> bool:

@@ -33,6 +33,7 @@ from _sglang.cases import (
     same_memory,
 )
 from _sglang.env import SGLangSession
+from _sglang.features import ReleaseLacks, dsv4_index_pools, dsv4_single_getter_is_raw
 
 import kvcompat
 from kvcompat import PoolKind
@@ -130,6 +131,8 @@ def native_reads_raw_index(case: PoolCase, native: Any) -> bool:
     """Whether the native reader indexes ``buffer[layer_id]`` (ignoring start_layer)."""
     if case.cls_name in RAW_INDEX_CLASSES or case.family == "index":
         return True
+    if case.family == "single" and dsv4_single_getter_is_raw():
+        return True  # 0.5.12: every DSv4 single pool's getter takes the raw id
     return case.family == "single" and native.store_dtype == native.dtype
 
 
@@ -207,7 +210,14 @@ _FRESH_PROCESS_SCRIPT = textwrap.dedent(
     out = {"engine_before_sglang": engine(sys.modules)}
 
     from _sglang.cases import CONFORMANCE_CASES
-    natives = [case.build() for case in CONFORMANCE_CASES]
+    from _sglang.features import ReleaseLacks, dsv4_index_pools, dsv4_single_getter_is_raw
+    natives = []
+    for case in CONFORMANCE_CASES:
+        try:
+            natives.append(case.build())
+        except ReleaseLacks:
+            pass  # this release has no such class / configuration
+    out["built"] = len(natives)
     out["layers_loaded"] = len([m for m in sys.modules if m.startswith("sglang.srt.layers.")])
     detectors = [getattr(kvcompat, n) for n in (
         "pool_kind", "is_split_kv_pool", "is_latent_pool", "is_single_kv_pool",
@@ -246,6 +256,18 @@ _FRESH_PROCESS_SCRIPT = textwrap.dedent(
 )
 
 
+def buildable_cases() -> list[PoolCase]:
+    """The conformance cases the installed release can build (the others lack a feature)."""
+    found = []
+    for case in CONFORMANCE_CASES:
+        try:
+            case.build()
+        except ReleaseLacks:
+            continue
+        found.append(case)
+    return found
+
+
 def test_detectors_import_nothing_in_a_fresh_process() -> None:
     """A fresh interpreter: kvcompat alone loads no engine; after the pools are built,
     detectors execute no import statement and adapt()/getters load no module."""
@@ -262,7 +284,8 @@ def test_detectors_import_nothing_in_a_fresh_process() -> None:
         f"import kvcompat + detectors loaded engine modules: {out['engine_before_sglang']}"
     )
     assert out["layers_loaded"] > 0, "the pools' own imports should have loaded sglang layers"
-    assert out["answers"] == 2 * 7 * len(CONFORMANCE_CASES)
+    assert out["built"] == len(buildable_cases()), "the subprocess built other cases"
+    assert out["answers"] == 2 * 7 * out["built"]
     assert out["detector_import_statements"] == [], (
         f"detectors executed imports: {out['detector_import_statements']}"
     )
@@ -406,6 +429,15 @@ def test_agrees_with_the_native_getter_where_it_is_right(case: PoolCase) -> None
             continue
         want_dtype = native_result.dtype
         documented = DOCUMENTED_DTYPE_DIFFERENCES.get(case.cls_name)
+        if (
+            documented is None
+            and case.family in ("single", "dsv4_token")
+            and native_result.dtype != got.dtype
+            and dsv4_single_getter_is_raw()
+            and native.dtype == FP8
+        ):
+            # 0.5.12's real class (also the composite's SWA pool): the legacy double's.
+            documented = DOCUMENTED_DTYPE_DIFFERENCES["LegacyDeepSeekV4SingleKVPool"]
         if documented is not None:
             assert (native_result.dtype, got.dtype) == documented, (
                 f"{what}: dtypes (native, kvcompat) = {(native_result.dtype, got.dtype)}, "
@@ -483,7 +515,7 @@ def component_plan(case: PoolCase, native: Any) -> dict[str, dict[int, tuple[str
             ratio = int(item.compress_ratio)
             if ratio:
                 plan.setdefault(f"c{ratio}", {})[layer] = ("extra", "single")
-                if native.index_pools.get(ratio) is not None:
+                if dsv4_index_pools(native).get(ratio) is not None:
                     plan.setdefault(f"c{ratio}_indexer", {})[layer] = ("index_k", "index")
     return plan
 
@@ -572,10 +604,13 @@ def test_dsv4_components_agree_with_the_native_layer_routed_getters(case: PoolCa
         getter = native_getters[name]
         for layer in part.layer_ids:
             want = getter(layer)
+            dtype = want.dtype
+            if name != "c4_indexer" and dsv4_single_getter_is_raw():
+                dtype = FP8  # 0.5.12: the native getters return the uint8 storage itself
             check_storage(
                 part.get_key_buffer(layer, wait=False),
                 want,
-                dtype=want.dtype,
+                dtype=dtype,
                 what=at(case.id, layer, f"components[{name!r}] vs native {getter.__name__}"),
                 where=f"native {getter.__name__}({layer})",
             )
@@ -685,7 +720,7 @@ def test_trap3_dsv4_single_both_dtype_branches(
         check_storage(got, raw, dtype=dtype, what=what, where=f"pool.kv_buffer[{i}]", others=others)
         assert pool.get_value_buffer(layer) is got, f"{what}: value is not the key storage"
         native_result, exc = _call(partial(native.get_key_buffer, layer))
-        if dtype is FP8:
+        if dtype is FP8 and not dsv4_single_getter_is_raw():
             check_storage(
                 native_result,
                 raw,
@@ -694,7 +729,8 @@ def test_trap3_dsv4_single_both_dtype_branches(
                 where=f"pool.kv_buffer[{i}]",
             )
         else:
-            # The raw-index branch: the native getter reads kv_buffer[layer] -- another
+            # The raw-index branch (every dtype on 0.5.12): the native getter reads
+            # kv_buffer[layer] -- another
             # layer's buffer, or off the end of the list.
             wrong = exc is not None or not same_memory(native_result, raw)
             assert wrong, f"{what}: the native uint8 branch now subtracts start_layer"
@@ -813,7 +849,8 @@ def test_trap5_swa_start_layer_through_kwargs() -> None:
     label = "SWAKVPool(sub-pool start_layer=1)"
     for layer, (dense, is_swa) in sorted(native.layers_mapping.items()):
         sub = native.swa_kv_pool if is_swa else native.full_kv_pool
-        assert sub.model_layer_ids[dense] == layer, (label, layer, sub.model_layer_ids)
+        if "model_layer_ids" in vars(sub):  # 0.5.23 only: the transfer metadata
+            assert sub.model_layer_ids[dense] == layer, (label, layer, sub.model_layer_ids)
         assert not same_memory(native.get_key_buffer(layer), sub.k_buffer[dense]), at(
             label, layer, "native getter no longer shifted: revisit the refusal"
         )

@@ -30,7 +30,16 @@ from _sglang.cases import (
     cases_for,
     same_memory,
 )
-from _sglang.env import SGLangSession
+from _sglang.env import SGLangSession, prepare_sglang
+from _sglang.features import (
+    dsv4_index_pools,
+    dsv4_kv_pools,
+    dsv4_pages,
+    dsv4_single_getter_is_raw,
+    kv_write_loc,
+    mha_fuses_k_and_v,
+    release,
+)
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
@@ -143,11 +152,19 @@ def test_case_facts_describe_the_native_pool(case: PoolCase) -> None:
 _RAW_INDEX_KEY = {"DeepSeekV4UniformFP8KVPool", "LegacyDeepSeekV4SingleKVPool"}
 
 
+def _raw_index_key(case: PoolCase) -> bool:
+    """Whether the case's native ``get_key_buffer`` takes the raw id (trap 3): the uniform-fp8
+    pool and the legacy double always; every DSv4 single pool on 0.5.12."""
+    if case.cls_name in _RAW_INDEX_KEY:
+        return True
+    return case.family == "single" and dsv4_single_getter_is_raw()
+
+
 def _expected_key(case: PoolCase, native: Any, layer: int, s: LayerStorage) -> Any:
     """What ``native.get_key_buffer(layer)`` does for a served layer."""
     if case.family in ("index", "dsv4_token"):
         return BARE
-    if case.cls_name in _RAW_INDEX_KEY:
+    if _raw_index_key(case):
         # Raw index: kv_buffer[layer_id], start_layer ignored (trap 3 / survey 4.2).
         if layer >= len(native.kv_buffer):
             return OUT_OF_RANGE
@@ -290,13 +307,13 @@ def test_set_kv_buffer(case: PoolCase, sglang_session: SGLangSession) -> None:
             if case.layers[layer].key.attr.startswith("swa_kv_pool."):
                 loc = _SWA_LOC
                 # SWA layers need the pre-translated swa_loc: a bare assert otherwise.
-                bare_loc = sglang_session.memory_pool.KVWriteLoc(_LOC)
+                bare_loc = kv_write_loc()(_LOC)
                 assert_raises(
                     partial(native.set_kv_buffer, radix_layer(layer), bare_loc, k, k),
                     Raises(AssertionError),
                     f"{what} without swa_loc",
                 )
-            loc_info = sglang_session.memory_pool.KVWriteLoc(_LOC, swa_loc=_SWA_LOC)
+            loc_info = kv_write_loc()(_LOC, swa_loc=_SWA_LOC)
         if family == "latent":
             # MLA writes the whole latent row from K and ignores V entirely.
             v = torch.full((2, 1, b.KV_LORA_RANK), 7.0, dtype=BF16)
@@ -350,7 +367,7 @@ def _expected_unserved_key(case: PoolCase, native: Any, layer: int) -> Any:
         return Raises(ValueError, (f"layer_id={layer} not in full attention layers: {keys}",))
     if family == "swa":
         return Raises(KeyError, (layer,))
-    if case.cls_name in _RAW_INDEX_KEY:
+    if _raw_index_key(case):
         listing = native.kv_buffer
         if layer < len(listing):
             return ("is", listing[layer], f"pool.kv_buffer[{layer}]")
@@ -397,8 +414,10 @@ def test_trap1_id_below_start_layer_silently_reads_a_served_layer(
     layer1 = getattr(native, attr)[0]
     assert same_memory(got, layer1), f"{name}: get_key_buffer(0) is not layer 1's buffer"
     # With two layers, id 0 lands on the *last* served layer (buffer[-1] == layer 2).
+    # (0.5.12's DSv4 single pools index raw ids: id 0 is buffer[0], layer 1's.)
     native = build(start_layer=1, layer_num=2)
-    assert same_memory(native.get_key_buffer(0), getattr(native, attr)[1]), name
+    raw = name in ("DeepSeekV4SingleKVPool", "HiSparseC4DevicePool") and dsv4_single_getter_is_raw()
+    assert same_memory(native.get_key_buffer(0), getattr(native, attr)[0 if raw else 1]), name
     assert_raises(lambda: native.get_key_buffer(3), OUT_OF_RANGE, f"{name}: get_key_buffer(3)")
 
 
@@ -422,6 +441,12 @@ def test_trap3_dsv4_single_get_key_buffer_has_two_branches() -> None:
     # fp8 dtype: store_dtype uint8 != dtype, so the getter subtracts start_layer and views.
     fp8 = b.build_dsv4_single_pool(start_layer=1, dtype=FP8)
     assert fp8.store_dtype == torch.uint8
+    if dsv4_single_getter_is_raw():  # 0.5.12: one branch, the raw uint8 index for every dtype
+        assert_is(
+            fp8.get_key_buffer(1), fp8.kv_buffer[1], "fp8 get_key_buffer(1)", "pool.kv_buffer[1]"
+        )
+        assert_raises(lambda: fp8.get_key_buffer(2), OUT_OF_RANGE, "fp8 get_key_buffer(2)")
+        return
     assert_view(
         fp8.get_key_buffer(1),
         fp8.kv_buffer[0],
@@ -509,7 +534,7 @@ def test_trap5_swa_start_layer_through_kwargs_shifts_both_sub_pools(
     )
     # Writes go through the same shifted index.
     k = torch.ones(2, b.HEAD_NUM, b.HEAD_DIM, dtype=BF16)
-    loc = sglang_session.memory_pool.KVWriteLoc(_LOC)
+    loc = kv_write_loc()(_LOC)
     native.set_kv_buffer(radix_layer(1), loc, k, k)
     assert torch.equal(full[1][_LOC], k), "layer 1's write landed elsewhere than k_buffer[1]"
     assert int(full[0].count_nonzero()) == 0
@@ -572,16 +597,23 @@ def test_v4_page_is_584_bytes_per_token_padded_to_576() -> None:
 
 
 def test_dsv4_page_count_is_ceil_of_size_plus_global_page() -> None:
+    """0.5.21 on: ceil((size + global page) / page); before: (size + page + 1) // page."""
     assert len({buf.shape[0] for buf in b.build_dsv4_single_pool(size=100).kv_buffer}) == 1
-    assert b.build_dsv4_single_pool(size=100).kv_buffer[0].shape[0] == 3  # ceil(164 / 64)
-    assert b.build_dsv4_single_pool(size=63).kv_buffer[0].shape[0] == 2  # ceil(127 / 64)
-    assert b.build_dsv4_single_pool(size=64).kv_buffer[0].shape[0] == 2  # ceil(128 / 64)
+    for size, new in ((100, 3), (63, 2), (64, 2)):  # ceil(164 / 64), ceil(127 / 64), 128 / 64
+        pages = b.build_dsv4_single_pool(size=size).kv_buffer[0].shape[0]
+        assert pages == dsv4_pages(size, 64), f"[sglang {release()}] size {size}: {pages} pages"
+        if callable(getattr(prepare_sglang().deepseek_v4_memory_pool,
+                            "_num_dsv4_physical_kv_pages", None)):  # fmt: skip
+            assert pages == new
 
 
 def test_dsv4_single_key_buffer_is_fp8_view_of_uint8_storage() -> None:
     native = b.build_dsv4_single_pool()
     key = native.get_key_buffer(0)
     raw = native.kv_buffer[0]
+    if dsv4_single_getter_is_raw():  # 0.5.12: the uint8 storage itself, no view
+        assert key is raw
+        return
     assert raw.dtype == torch.uint8
     assert key.dtype == FP8
     assert key.shape == raw.shape == (2, 37440)
@@ -597,13 +629,14 @@ def test_uniform_fp8_pool_geometry() -> None:
     assert native.bytes_per_page_padded == 64 * 512
     assert [tuple(t.shape) for t in native.kv_buffer] == [(2, 32768)] * 2
     assert {t.dtype for t in native.kv_buffer} == {FP8}
-    assert native.kv_layout.value == "v4", "the class attribute still says V4"
+    if hasattr(native, "kv_layout"):  # 0.5.21 on
+        assert native.kv_layout.value == "v4", "the class attribute still says V4"
 
 
 @pytest.mark.parametrize(("fp4", "row"), [(False, 64 * 132), (True, 64 * 68)])
 def test_dsv4_indexer_geometry(fp4: bool, row: int) -> None:
     native = b.build_dsv4_indexer_pool(use_fp4_indexer=fp4)
-    assert native.use_fp4_indexer is fp4
+    assert getattr(native, "use_fp4_indexer", False) is fp4  # no such attribute before 0.5.21
     assert [tuple(t.shape) for t in native.index_k_with_scale_buffer] == [(2, row)] * 2
     assert {t.dtype for t in native.index_k_with_scale_buffer} == {torch.uint8}
 
@@ -618,14 +651,15 @@ def test_dsv4_indexer_none_reads_the_published_config() -> None:
 @pytest.mark.parametrize("case", case_params(cases_for(family="dsv4_token")))
 def test_dsv4_token_pool_routing(case: PoolCase) -> None:
     native = case.build()
+    view = torch.uint8 if dsv4_single_getter_is_raw() else FP8  # 0.5.12: the raw storage
     ratios = case.kwargs["compression_ratios"]
     start = case.start_layer
     assert (native._stage_start, native._stage_end) == (start, len(ratios))
     # Sub-pools are built without start_layer: they take stage-local / compress-local ids.
-    subs = [native.swa_kv_pool, *native.kv_pools.values(), *native.index_pools.values()]
+    subs = [native.swa_kv_pool, *dsv4_kv_pools(native).values(), *dsv4_index_pools(native).values()]
     assert [p.start_layer for p in subs] == [0] * len(subs)
-    assert sorted(native.kv_pools) == [4, 128]
-    assert sorted(native.index_pools) == [4]
+    assert sorted(dsv4_kv_pools(native)) == [4, 128]
+    assert sorted(dsv4_index_pools(native)) == [4]
     assert native.layer_mapping[:start] == [None] * start
     for layer, s in case.storage(native).items():
         what = f"{case.id} layer {layer}"
@@ -634,16 +668,16 @@ def test_dsv4_token_pool_routing(case: PoolCase) -> None:
         assert_view(
             native.get_swa_key_buffer_radix(layer),
             s.key,
-            FP8,
+            view,
             f"{what}: get_swa_key_buffer_radix",
             s.where["key"],
         )
         if "extra" in s.extras:
-            assert item.compress_kv_pool is native.kv_pools[ratios[layer]], what
+            assert item.compress_kv_pool is dsv4_kv_pools(native)[ratios[layer]], what
             assert_view(
                 native.get_extra_key_buffer(layer),
                 s.extras["extra"],
-                FP8,
+                view,
                 f"{what}: get_extra_key_buffer",
                 s.where["extra"],
             )
@@ -662,7 +696,11 @@ def test_dsv4_token_pool_routing(case: PoolCase) -> None:
                 s.where["index_k"],
             )
         else:
-            msg = f"No indexer pool for compression ratio {ratios[layer]}"
+            # 0.5.20 on (index_pools): SGLang's message names the ratio; before, c4 only.
+            if isinstance(getattr(native, "index_pools", None), dict):
+                msg = f"No indexer pool for compression ratio {ratios[layer]}"
+            else:
+                msg = f"only c4 has indexer, got compress_ratio = {ratios[layer]}"
             assert_raises(
                 partial(native.get_index_k_with_scale_buffer, layer),
                 Raises(AssertionError, (msg,)),
@@ -674,13 +712,19 @@ def test_dsv4_token_pool_sub_pool_geometry() -> None:
     native = b.build_dsv4_token_pool(start_layer=0)
     # SWA: 256 tokens, page 256 -> ceil((256 + 256) / 256) = 2 pages of 256 * 584 -> 149760 B.
     assert [tuple(t.shape) for t in native.swa_kv_pool.kv_buffer] == [(2, 149760)] * 3
-    # c4: page 256 / 4 = 64, 64 slots + the 256-token global page -> 5 pages of 37440 B.
-    assert [tuple(t.shape) for t in native.kv_pools[4].kv_buffer] == [(5, 37440)]
+    # c4: page 256 / 4 = 64, 64 slots + the 256-token global page -> 5 pages of 37440 B
+    # (before 0.5.21: (64 + 64 + 1) // 64 = 2 pages).
+    c4_pages = dsv4_pages(64, 64, 256)
+    assert [tuple(t.shape) for t in dsv4_kv_pools(native)[4].kv_buffer] == [(c4_pages, 37440)]
     # c128: page 2, 4 slots -> ceil(260 / 2) = 130 pages of ceil(2 * 584 / 576) * 576 = 1728 B.
-    assert [tuple(t.shape) for t in native.kv_pools[128].kv_buffer] == [(130, 1728)]
-    # c4 indexer: c128_size * 32 = 128 slots, page 64 -> 6 pages of 64 * 132 B.
-    assert [tuple(t.shape) for t in native.index_pools[4].index_k_with_scale_buffer] == [(6, 8448)]
-    assert native.pd_kv_layout() == "v4,c4:v4,c128:v4"
+    c128_pages = dsv4_pages(4, 2, 256)
+    assert [tuple(t.shape) for t in dsv4_kv_pools(native)[128].kv_buffer] == [(c128_pages, 1728)]
+    # c4 indexer: c128_size * 32 = 128 slots, page 64 -> 6 pages of 64 * 132 B (0.5.22 on:
+    # plus the global page; before: (128 + 64 + 1) // 64 = 3).
+    index = dsv4_index_pools(native)[4].index_k_with_scale_buffer
+    assert [tuple(t.shape)[1] for t in index] == [8448]
+    if callable(getattr(native, "pd_kv_layout", None)):  # 0.5.23 only
+        assert native.pd_kv_layout() == "v4,c4:v4,c128:v4"
 
 
 def test_dsv4_token_pool_v41_layouts() -> None:
@@ -721,10 +765,16 @@ def test_dsv4_token_pool_refuses_page_size_64() -> None:
 )
 def test_mha_k_and_v_are_halves_of_one_allocation(case: PoolCase) -> None:
     native = case.build()
+    leaf = getattr(native, "full_kv_pool", native)
     for layer, s in case.storage(native).items():
         assert s.value is not None
+        if not mha_fuses_k_and_v(leaf):  # 0.5.12-0.5.20: two allocations per layer
+            assert s.key.untyped_storage().data_ptr() != s.value.untyped_storage().data_ptr(), (
+                f"[sglang {release()}] {case.id} layer {layer}: K and V share one allocation"
+            )
+            continue
         assert s.key.untyped_storage().data_ptr() == s.value.untyped_storage().data_ptr(), (
-            f"{case.id} layer {layer}: K and V no longer share one allocation"
+            f"[sglang {release()}] {case.id} layer {layer}: K and V no longer share one allocation"
         )
         rows = s.key.shape[0]
         padded = -(-rows // b.MHA_PAGE) * b.MHA_PAGE

@@ -24,6 +24,13 @@ import pytest
 import torch
 from _sglang.builders import radix_layer
 from _sglang.env import prepare_sglang
+from _sglang.features import (
+    ReleaseLacks,
+    accepts,
+    cpu_kernel,
+    kv_write_loc,
+    mha_fuses_k_and_v,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -78,6 +85,12 @@ def _diff_attrs(real: Any, ref: Any, names: Iterable[str], label: str) -> list[s
         missing = object()
         got_real = getattr(real, name, missing)
         got_ref = getattr(ref, name, missing)
+        if got_real is missing and got_ref is not missing:
+            # The reference pools model 0.5.23's classes; an older release's class lacks what
+            # arrived later (model_layer_ids, kv_scale_buffer...): not comparable there.
+            raise ReleaseLacks(
+                f"{type(real).__name__}.{name}", "kvcompat.testing models 0.5.23's class"
+            )
         if got_real is missing or got_ref is missing:
             diffs.append(
                 f"{label}.{name}: {'real' if got_real is missing else 'reference'} has none"
@@ -98,6 +111,16 @@ class BufferFact:
     byte_offset: int  # within its allocation
     allocation_bytes: int
     allocation: int  # index of the first listed tensor sharing this allocation
+
+
+def sub_pool_buffer_facts(pool: Any, real: Any) -> Any:
+    """An SWA sub-pool's MHA buffer facts; only their geometry where the real release
+    allocates K and V separately (0.5.12-0.5.20: ``ReferenceSWAKVPool`` models 0.5.23's
+    one-allocation sub-pools)."""
+    facts = buffer_facts(pool, MHA_BUFFERS)
+    if mha_fuses_k_and_v(real.full_kv_pool):
+        return facts
+    return {k: [(f.shape, f.strides, f.dtype) for f in v] for k, v in facts.items()}
 
 
 def buffer_facts(pool: Any, attrs: Sequence[str]) -> dict[str, list[BufferFact]]:
@@ -376,7 +399,6 @@ def test_mha_set_kv_buffer_writes_the_same_bytes(
 
 
 def test_mha_write_loc_objects_are_unwrapped_alike() -> None:
-    session = prepare_sglang()
     args: dict[str, Any] = {
         "size": 64,
         "page_size": 16,
@@ -390,7 +412,7 @@ def test_mha_write_loc_objects_are_unwrapped_alike() -> None:
     }
     real, ref = _mha_pair(args)
     k = torch.randn(2, 2, 8).to(BF16)
-    loc = session.memory_pool.KVWriteLoc(torch.tensor([4, 9]))
+    loc = kv_write_loc()(torch.tensor([4, 9]))
     for pool in (real, ref):
         pool.set_kv_buffer(radix_layer(3), loc, k.clone(), k.clone())
     for attr in MHA_BUFFERS:
@@ -475,9 +497,10 @@ def test_mla_writes_the_same_bytes(args: dict[str, Any], seed: int, mla_writer: 
         row = torch.randn((count, 1, rank + rope), generator=gen).to(BF16)
         for pool in (real, ref):
             if mla_writer:
-                pool.set_mla_kv_buffer(
-                    radix_layer(layer), loc, row[..., :rank].clone(), row[..., rank:].clone()
-                )
+                with cpu_kernel("MLATokenToKVPool.set_mla_kv_buffer"):
+                    pool.set_mla_kv_buffer(
+                        radix_layer(layer), loc, row[..., :rank].clone(), row[..., rank:].clone()
+                    )
             else:
                 # MLA ignores cache_v: pass something that would show if it were written.
                 junk = torch.full((count, 1, rank), 7.0, dtype=BF16)
@@ -505,7 +528,8 @@ def test_mla_set_mla_kv_buffer_skips_the_padding_slot_alike() -> None:
     loc = torch.tensor([0, 5])
     nope, rope = torch.ones(2, 1, 8, dtype=BF16), torch.ones(2, 1, 4, dtype=BF16)
     for pool in (real, ref):
-        pool.set_mla_kv_buffer(radix_layer(0), loc, nope.clone(), rope.clone())
+        with cpu_kernel("MLATokenToKVPool.set_mla_kv_buffer"):
+            pool.set_mla_kv_buffer(radix_layer(0), loc, nope.clone(), rope.clone())
     assert int(real.kv_buffer[0][0].count_nonzero()) == 0, "the real class wrote slot 0"
     _assert_bytes_equal(
         _bytes(real.kv_buffer),
@@ -561,8 +585,19 @@ def dsv4_args(draw: st.DrawFn) -> dict[str, Any]:
     return args
 
 
+def _require_dsv4_layouts() -> type:
+    """``DeepSeekV4SingleKVPool`` if it takes ``kv_layout`` (0.5.21 on), else ReleaseLacks:
+    ``ReferenceDeepSeekV4SingleKVPool`` models that class (``kv_layout``, ``global_page_size``)."""
+    cls = _real("DeepSeekV4SingleKVPool")
+    if not accepts(cls, "kv_layout"):
+        raise ReleaseLacks(
+            "DeepSeekV4SingleKVPool(kv_layout=...)", "kvcompat.testing models 0.5.23's class"
+        )
+    return cls
+
+
 def _dsv4_pair(args: dict[str, Any]) -> tuple[Any, Any]:
-    return _real("DeepSeekV4SingleKVPool")(**args), ReferenceDeepSeekV4SingleKVPool(**args)
+    return _require_dsv4_layouts()(**args), ReferenceDeepSeekV4SingleKVPool(**args)
 
 
 @given(args=dsv4_args())
@@ -617,6 +652,7 @@ def test_dsv4_single_pool_refuses_like_the_real_class(overrides: dict[str, Any])
 @pytest.mark.parametrize("layout", ["v41", "v41_fp4", "uniform_fp8", "v41_new", "v41_fp4_new"])
 def test_dsv4_reference_refuses_the_layouts_it_does_not_model(layout: str) -> None:
     """Documented scope: the reference models V4 only and says so instead of mis-sizing pages."""
+    _require_dsv4_layouts()
     args: dict[str, Any] = {
         "size": 64,
         "page_size": 64,
@@ -680,7 +716,10 @@ def swa_args(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _swa_pair(args: dict[str, Any]) -> tuple[Any, Any]:
-    return _real("SWAKVPool")(**args), ReferenceSWAKVPool(**args)
+    cls = _real("SWAKVPool")
+    # 0.5.12-0.5.14 require enable_kvcache_transpose (always False: it is asserted off).
+    extra = {"enable_kvcache_transpose": False} if accepts(cls, "enable_kvcache_transpose") else {}
+    return cls(**args, **extra), ReferenceSWAKVPool(**args)
 
 
 def _swa_probe_ids(args: dict[str, Any]) -> list[int]:
@@ -697,8 +736,8 @@ def test_swa_pool_matches_the_real_class(args: dict[str, Any]) -> None:
     assert not diffs, "\n".join(diffs)
     for side in ("full_kv_pool", "swa_kv_pool"):
         assert_same(
-            buffer_facts(getattr(real, side), MHA_BUFFERS),
-            buffer_facts(getattr(ref, side), MHA_BUFFERS),
+            sub_pool_buffer_facts(getattr(real, side), real),
+            sub_pool_buffer_facts(getattr(ref, side), real),
             f"{label}.{side}: buffers",
         )
     ids = _swa_probe_ids(args)
@@ -775,8 +814,8 @@ def test_swa_head_overrides_reach_only_the_swa_sub_pool() -> None:
     assert not diffs, "\n".join(diffs)
     for side in ("full_kv_pool", "swa_kv_pool"):
         assert_same(
-            buffer_facts(getattr(real, side), MHA_BUFFERS),
-            buffer_facts(getattr(ref, side), MHA_BUFFERS),
+            sub_pool_buffer_facts(getattr(real, side), real),
+            sub_pool_buffer_facts(getattr(ref, side), real),
             f"SWAKVPool.{side}",
         )
 

@@ -1,0 +1,189 @@
+"""What the installed SGLang release has, asked of its classes (not of its version string).
+
+The real tier runs on every SGLang release with DeepSeek-V4 pools (0.5.12 to 0.5.23; see
+``shared/reference/sglang-releases.md`` for what differs). Each test that needs something a
+release does not ship asks for it here; a missing class, constructor parameter, attribute or
+method raises :class:`ReleaseLacks`, a pytest *skip* whose reason starts with
+:data:`SKIP_PREFIX` and names the release and the missing feature. The release matrix
+(``tests/release_matrix.py``) counts those skips per release.
+
+Typical use::
+
+    cls = pool_class("MHATokenToKOnlyPool")      # ReleaseLacks on 0.5.12-0.5.14
+    if accepts(cls, "kv_layout"): ...            # constructor parameter probe
+    require(has_method(pool, "get_c128_state_buf_infos"), "get_c128_state_buf_infos")
+
+Nothing here imports sglang at import time; :func:`pool_class` goes through
+:func:`~_sglang.env.prepare_sglang`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import inspect
+from collections.abc import Iterator
+from typing import Any, Final
+
+import pytest
+
+from _sglang.env import prepare_sglang
+
+__all__ = [
+    "SKIP_PREFIX",
+    "ReleaseLacks",
+    "accepts",
+    "has_class",
+    "pool_class",
+    "release",
+    "require",
+]
+
+SKIP_PREFIX: Final = "release lacks:"
+"""Every capability skip's reason starts with this (the matrix counts them by it)."""
+
+
+@functools.cache
+def release() -> str:
+    """The installed ``sglang`` distribution's version, from its metadata (no import).
+
+    With an overlay (``PYTHONPATH=.sglang-releases/X``) the overlay's ``dist-info`` comes
+    first on ``sys.path``, so this names the release actually imported.
+    """
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "not-installed"
+
+
+class ReleaseLacks(pytest.skip.Exception):  # type: ignore[name-defined, misc]
+    """The installed SGLang release does not have ``feature``: skip, naming it.
+
+    Attributes:
+        feature: what is missing, e.g. ``"MHATokenToKOnlyPool"`` or
+            ``"DeepSeekV4IndexerPool(use_fp4_indexer=...)"``.
+    """
+
+    def __init__(self, feature: str, wanted: str = "") -> None:  # wanted: what asked for it
+        self.feature = feature
+        detail = f" ({wanted})" if wanted else ""
+        super().__init__(f"{SKIP_PREFIX} SGLang {release()} has no {feature}{detail}")
+
+
+_CLASS_MODULES: Final = ("memory_pool", "swa_memory_pool", "deepseek_v4_memory_pool")
+
+
+def has_class(name: str) -> bool:
+    """Whether one of the pool modules defines a class ``name``."""
+    session = prepare_sglang()
+    return any(isinstance(getattr(getattr(session, m), name, None), type) for m in _CLASS_MODULES)
+
+
+def pool_class(name: str) -> Any:
+    """The installed release's pool class ``name``, or :class:`ReleaseLacks`."""
+    session = prepare_sglang()
+    for module in _CLASS_MODULES:
+        cls = getattr(getattr(session, module), name, None)
+        if isinstance(cls, type):
+            return cls
+    raise ReleaseLacks(name)
+
+
+def accepts(cls: type, parameter: str) -> bool:
+    """Whether ``cls(...)`` takes a parameter called ``parameter`` (by its signature)."""
+    return parameter in inspect.signature(cls.__init__).parameters
+
+
+def require(present: object, feature: str) -> None:
+    """Raise :class:`ReleaseLacks` for ``feature`` unless ``present`` is truthy."""
+    if not present:
+        raise ReleaseLacks(feature)
+
+
+_NAMED_KV = {4: "c4_kv_pool", 128: "c128_kv_pool"}
+_NAMED_INDEX = {4: "c4_indexer_kv_pool"}
+
+
+def dsv4_kv_pools(native: Any) -> dict[int, Any]:
+    """A DSv4 composite's compressed KV pools by ratio, as the release keeps them.
+
+    ``kv_pools`` from 0.5.20; before, the ``c4_kv_pool`` / ``c128_kv_pool`` attributes.
+    """
+    if isinstance(getattr(native, "kv_pools", None), dict):
+        return dict(native.kv_pools)
+    return {ratio: getattr(native, name) for ratio, name in _NAMED_KV.items()}
+
+
+def dsv4_index_pools(native: Any) -> dict[int, Any]:
+    """A DSv4 composite's indexer pools by ratio (``index_pools`` or ``c4_indexer_kv_pool``)."""
+    if isinstance(getattr(native, "index_pools", None), dict):
+        return dict(native.index_pools)
+    return {ratio: getattr(native, name) for ratio, name in _NAMED_INDEX.items()}
+
+
+def dsv4_pages(size: int, page_size: int, global_page_size: int | None = None) -> int:
+    """Pages a DSv4 single pool of the installed release allocates for ``size`` tokens.
+
+    From 0.5.21 (the module has ``_num_dsv4_physical_kv_pages``): ``ceil((size + global) /
+    page)``; before: ``(size + page + 1) // page`` (0.5.12's formula, also the legacy double's).
+    """
+    module = prepare_sglang().deepseek_v4_memory_pool
+    if callable(getattr(module, "_num_dsv4_physical_kv_pages", None)):
+        extra = page_size if global_page_size is None else global_page_size
+        return -(-(size + extra) // page_size)
+    return (size + page_size + 1) // page_size
+
+
+def mha_fuses_k_and_v(native: Any) -> bool:
+    """Whether an MHA pool of this release allocates K and V as halves of one tensor.
+
+    0.5.23 does; 0.5.12-0.5.20 allocate them separately (shared/reference/sglang-releases.md,
+    "MHA storage facts"). No attribute names the allocation itself, so this asks for
+    ``model_layer_ids``, which the same release added to every MHA pool.
+    """
+    return "model_layer_ids" in vars(native)
+
+
+@contextlib.contextmanager
+def cpu_kernel(feature: str) -> Iterator[None]:
+    """Turn "this native call needs a GPU kernel on this release" into :class:`ReleaseLacks`.
+
+    Older releases run some writers through a Triton kernel (``set_mla_kv_buffer`` before
+    0.5.21), which fails on a CPU-only machine while Triton looks for a GPU driver. Only
+    that failure (Triton's ``0 active drivers``) becomes a skip; anything else propagates.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        if "active drivers" not in str(exc):
+            raise
+        raise ReleaseLacks(feature, "a CPU implementation") from exc
+
+
+@functools.cache
+def dsv4_single_getter_is_raw() -> bool:
+    """Whether ``DeepSeekV4SingleKVPool.get_key_buffer`` is 0.5.12's raw form.
+
+    0.5.12 returns ``kv_buffer[layer_id]`` (uint8, raw index) for every dtype; from 0.5.13
+    an fp8 pool's getter subtracts ``start_layer`` and returns a float8 view (trap 3). No
+    attribute tells the two apart, so this asks the getter itself once, on a fresh fp8 pool
+    at ``start_layer`` 0 (where both forms pick the same buffer).
+    """
+    import torch
+
+    cls = pool_class("DeepSeekV4SingleKVPool")
+    pool = cls(64, 64, torch.float8_e4m3fn, 448, 64, 1, "cpu", False)
+    return bool(pool.get_key_buffer(0).dtype == torch.uint8)
+
+
+def kv_write_loc() -> Any:
+    """SGLang's ``KVWriteLoc`` (``memory_pool``, from 0.5.14), or :class:`ReleaseLacks`.
+
+    ``SWAKVPool.set_kv_buffer`` takes the SWA-translated location through it; 0.5.12-0.5.13
+    have no such class.
+    """
+    cls = getattr(prepare_sglang().memory_pool, "KVWriteLoc", None)
+    if not isinstance(cls, type):
+        raise ReleaseLacks("KVWriteLoc")
+    return cls
