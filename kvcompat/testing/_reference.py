@@ -20,7 +20,7 @@ import torch
 from kvcompat._protocol import PoolKind
 from kvcompat._registry import Family, _install, qualified_name
 from kvcompat.adapters._leaf import LatentAdapter, SingleKVAdapter, SplitAdapter
-from kvcompat.adapters.sglang import adapt_swa
+from kvcompat.adapters.sglang import SWA_PARTS, adapt_swa
 
 __all__ = [
     "KVLayout",
@@ -697,4 +697,6 @@ for _cls, _kind, _leaf in (
     (ReferenceDeepSeekV4SingleKVPool, PoolKind.SINGLE_KV, SingleKVAdapter),
 ):
     _install(Family(qualified_name(_cls), _kind, leaf=_leaf))
-_install(Family(qualified_name(ReferenceSWAKVPool), PoolKind.COMPOSITE, build=adapt_swa))
+_install(
+    Family(qualified_name(ReferenceSWAKVPool), PoolKind.COMPOSITE, build=adapt_swa, parts=SWA_PARTS)
+)
