@@ -24,7 +24,7 @@ from typing import Any, cast
 from kvcompat._compat._marker import proxy_adapter
 from kvcompat._errors import KVCompatError, PoolStateError, UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
-from kvcompat.adapters._composite import CompositeAdapter
+from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
 from kvcompat.adapters._leaf import LeafAdapter
 
 __all__ = [
@@ -57,6 +57,8 @@ class Family:
         subclasses: class names of engine subclasses checked to keep this family's
             storage, served by its adapter; any other subclass defined in the engine's
             namespace is refused (it may add buffers, e.g. scales, the adapter ignores).
+        parts: what a composite family declares for ``describe`` and the transfer
+            descriptors beyond its components (:class:`~kvcompat.adapters.CompositeParts`).
     """
 
     qualname: str
@@ -66,6 +68,7 @@ class Family:
     reason: str | None = None
     native_kind: PoolKind | None = None
     subclasses: tuple[str, ...] = ()
+    parts: CompositeParts | None = None
 
     @property
     def detected_kind(self) -> PoolKind | None:
@@ -335,6 +338,7 @@ def register_adapter(
     *,
     kind: PoolKind | str | None = None,
     replace: bool = False,
+    parts: CompositeParts | None = None,
 ) -> None:
     """Teach kvcompat a pool class by its qualified name, without importing it.
 
@@ -349,6 +353,9 @@ def register_adapter(
             from the reused family or the :class:`~kvcompat.adapters.LeafAdapter`
             subclass otherwise.
         replace: allow replacing an existing registration.
+        parts: with a callable factory of a composite family, what ``describe`` and
+            the transfer descriptors need beyond its components
+            (:class:`~kvcompat.adapters.CompositeParts`).
 
     Raises:
         ValueError: malformed qualname, unknown family to reuse, missing kind,
@@ -386,7 +393,7 @@ def register_adapter(
         if kind is not None and PoolKind(kind) is not base.kind:
             msg = f"kind={kind!r} contradicts the reused family {factory} ({base.kind})."
             raise ValueError(msg)
-        family = Family(qualname, base.kind, leaf=base.leaf, build=base.build)
+        family = Family(qualname, base.kind, leaf=base.leaf, build=base.build, parts=base.parts)
     elif isinstance(factory, type) and issubclass(factory, LeafAdapter):
         # A leaf adapter class: the family's one place. Its buffers, layer_buffers and
         # detect_layout hooks serve describe, transfers, read/write and composite parts.
@@ -411,7 +418,7 @@ def register_adapter(
         except ValueError:
             msg = f"kind must be a PoolKind, got {kind!r}; valid: {[k.value for k in PoolKind]}."
             raise ValueError(msg) from None
-        family = Family(qualname, resolved, build=cast("Factory", factory))
+        family = Family(qualname, resolved, build=cast("Factory", factory), parts=parts)
     else:  # runtime guard for untyped callers
         msg = (  # type: ignore[unreachable]
             f"factory must be a callable or the qualified name of a supported class, "

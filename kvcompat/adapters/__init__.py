@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from kvcompat.adapters._base import AdapterBase, Buffer
-from kvcompat.adapters._composite import CompositeAdapter
+from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
 from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._leaf import (
     IndexKeyAdapter,
@@ -32,6 +32,7 @@ __all__ = [
     "AdapterBase",
     "Buffer",
     "CompositeAdapter",
+    "CompositeParts",
     "IndexKeyAdapter",
     "KeyOnlyAdapter",
     "LatentAdapter",

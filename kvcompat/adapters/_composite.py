@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -14,7 +15,7 @@ from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
 from kvcompat.adapters._leaf import LeafAdapter
 
-__all__ = ["CompositeAdapter"]
+__all__ = ["CompositeAdapter", "CompositeParts"]
 
 
 def _as_component(adapter: KVPoolProtocol, name: str) -> KVPoolProtocol:
@@ -345,3 +346,35 @@ class CompositeAdapter(AdapterBase):
             f"<kvcompat CompositeAdapter native={type(self._native).__qualname__} "
             f"components={{{parts}}}>"
         )
+
+
+@dataclass(frozen=True, eq=False)
+class CompositeParts:
+    """Public hook: what a composite family declares beyond its components.
+
+    ``describe``, ``memory_report`` and ``transfer_descriptors`` describe a composite
+    as one child per adapter component; a family declares here what that alone
+    does not say. Give it to :func:`kvcompat.register_adapter` (``parts=``) with the
+    family's factory.
+
+    Attributes:
+        regroup: component name -> ``{declared transfer group: group reported}``;
+            e.g. SGLang registers ``SWAKVPool``'s sliding-window pages as PD
+            ``"state"``, not ``"kv"``. A group mapped to None is not transferred.
+        linear_state: node name -> native attribute holding a linear-attention
+            (mamba) state pool the composite owns besides its KV components; each
+            state tensor leads with the mamba-layer axis.
+        describe: ``describe(walk, native, *, name, path)`` describing the whole
+            native pool from its attributes instead (for pools that also have
+            modes kvcompat cannot adapt); such a pool is described without being
+            adapted.
+
+    Example:
+        >>> from kvcompat.adapters import CompositeParts
+        >>> CompositeParts(regroup={"swa": {"kv": "state"}}).regroup["swa"]
+        {'kv': 'state'}
+    """
+
+    regroup: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    linear_state: Mapping[str, str] = field(default_factory=dict)
+    describe: Callable[..., Any] | None = None

@@ -20,7 +20,7 @@ from typing import Any
 from kvcompat._errors import UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, _install, adapt_part
-from kvcompat.adapters._composite import CompositeAdapter
+from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
 from kvcompat.adapters._leaf import (
     IndexKeyAdapter,
     KeyOnlyAdapter,
@@ -30,7 +30,10 @@ from kvcompat.adapters._leaf import (
 )
 
 __all__ = [
+    "DSV4_TOKEN_POOL_PARTS",
+    "HYBRID_LINEAR_PARTS",
     "SGLANG_CLASSES",
+    "SWA_PARTS",
     "adapt_dsv4_token_pool",
     "adapt_hybrid_linear",
     "adapt_swa",
@@ -222,6 +225,24 @@ def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
     return CompositeAdapter(native, components=components, route=dict.fromkeys(stage, "swa"))
 
 
+def _describe_dsv4(walk: Any, native: Any, *, name: str, path: str) -> Any:
+    """Describe a ``DeepSeekV4TokenToKVPool`` natively (every mode, adaptable or not)."""
+    from kvcompat.inspection._dsv4 import dsv4_node  # noqa: PLC0415 (inspection imports us)
+
+    return dsv4_node(walk, native, name=name, path=path)
+
+
+# What describe() and the transfer descriptors need beyond each composite's components.
+SWA_PARTS = CompositeParts(regroup={"swa": {"kv": "state"}})
+"""SGLang registers ``SWAKVPool``'s full pool as PD ``kv`` and its sliding-window pool as
+``state``."""
+HYBRID_LINEAR_PARTS = CompositeParts(linear_state={"mamba": "mamba_pool"})
+"""``HybridLinearKVPool`` owns the linear-attention state in ``mamba_pool``."""
+DSV4_TOKEN_POOL_PARTS = CompositeParts(describe=_describe_dsv4)
+"""``DeepSeekV4TokenToKVPool`` is described from its attributes, in every mode (its
+``unified_kv`` and request-window modes are not adapted)."""
+
+
 # Engine subclasses served by their base's adapter, by class name: they keep the base's
 # buffers (HiSparse pools index the same lists by device slot; Unified pools hold strided
 # views of one shared allocation). Any other sglang subclass of a supported class is
@@ -232,7 +253,9 @@ _CHECKED_SUBCLASSES: dict[str, tuple[str, ...]] = {
         "UnifiedMHATokenToKVPool",
         "UnifiedDraftKVPool",
     ),
-    f"{_MEM}.MLATokenToKVPool": ("UnifiedMLATokenToKVPool",),
+    # NSATokenToKVPool: SGLang 0.5.12's DSA predecessor; its index-key list is declared by
+    # the latent adapter (index_k_with_scale_buffer) and matches SGLang's own buffer infos.
+    f"{_MEM}.MLATokenToKVPool": ("UnifiedMLATokenToKVPool", "NSATokenToKVPool"),
     f"{_MEM}.DSATokenToKVPool": ("HiSparseDSATokenToKVPool",),
     f"{_SWA}.SWAKVPool": ("UnifiedSWAKVPool", "UnifiedDraftSWAKVPool"),
     f"{_MEM}.HybridLinearKVPool": ("UnifiedHybridLinearKVPool", "QSATokenToKVPool"),
@@ -243,12 +266,13 @@ def _leaf(qualname: str, kind: PoolKind, leaf: type[Any]) -> Family:
     return Family(qualname, kind, leaf=leaf, subclasses=_CHECKED_SUBCLASSES.get(qualname, ()))
 
 
-def _composite(qualname: str, build: Any) -> Family:
+def _composite(qualname: str, build: Any, parts: CompositeParts) -> Family:
     return Family(
         qualname,
         PoolKind.COMPOSITE,
         build=build,
         subclasses=_CHECKED_SUBCLASSES.get(qualname, ()),
+        parts=parts,
     )
 
 
@@ -265,9 +289,9 @@ SGLANG_CLASSES: tuple[Family, ...] = (
     _leaf(f"{_DSV4}.DeepSeekV4UniformFP8KVPool", PoolKind.SINGLE_KV, SingleKVAdapter),
     _leaf(f"{_DSV4}.HiSparseC4DevicePool", PoolKind.SINGLE_KV, SingleKVAdapter),
     _leaf(f"{_DSV4}.DeepSeekV4IndexerPool", PoolKind.KEY_ONLY, IndexKeyAdapter),
-    _composite(f"{_SWA}.SWAKVPool", adapt_swa),
-    _composite(f"{_MEM}.HybridLinearKVPool", adapt_hybrid_linear),
-    _composite(f"{_DSV4}.DeepSeekV4TokenToKVPool", adapt_dsv4_token_pool),
+    _composite(f"{_SWA}.SWAKVPool", adapt_swa, SWA_PARTS),
+    _composite(f"{_MEM}.HybridLinearKVPool", adapt_hybrid_linear, HYBRID_LINEAR_PARTS),
+    _composite(f"{_DSV4}.DeepSeekV4TokenToKVPool", adapt_dsv4_token_pool, DSV4_TOKEN_POOL_PARTS),
     _no(
         f"{_MEM}.NoOpMHATokenToKVPool",
         "it holds placeholder buffers only and stores nothing.",

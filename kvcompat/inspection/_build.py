@@ -28,7 +28,6 @@ from kvcompat.adapters import (
     SingleKVAdapter,
     SplitAdapter,
 )
-from kvcompat.adapters.sglang import adapt_dsv4_token_pool, dsv4_compressed_pools
 from kvcompat.inspection._model import (
     PoolManifest,
     Role,
@@ -61,7 +60,7 @@ __all__ = [
 # -- layout names ----------------------------------------------------------------------------
 
 
-def _layout_name(native: Any) -> str | None:  # noqa: PLR0911, PLR0912 -- one answer per family
+def _layout_name(native: Any) -> str | None:  # noqa: PLR0911 -- one answer per family
     """The byte-layout name of a native part: the adapter's ``layout(l).key.name`` when it has one.
 
     Example:
@@ -74,17 +73,6 @@ def _layout_name(native: Any) -> str | None:  # noqa: PLR0911, PLR0912 -- one an
     names = mro_names(type(native))
     family = family_of(native)
     leaf = None if family is None else family.leaf
-    if family is not None and family.build is adapt_dsv4_token_pool:
-        if static_attr(native, "uniform_fp8", False):
-            return "uniform_fp8"
-        ratios = sorted({int(r) for r in static_attr(native, "compression_ratios", []) or []} - {0})
-        found, _ = dsv4_compressed_pools(native, static_attr)  # kv_pools or c4_/c128_kv_pool
-        pools = {ratio: pool for ratio, (_, pool) in found.items()}
-        main = str(enum_value(static_attr(native, "kv_layout", None)) or "v4")
-        extra = [
-            f"c{r}:{_layout_name(pools[r]) if pools.get(r) is not None else main}" for r in ratios
-        ]
-        return ",".join([main, *extra])
     if leaf is not None and not issubclass(leaf, IndexKeyAdapter):
         # One source of truth: the layout the adapter reads and writes with.
         try:

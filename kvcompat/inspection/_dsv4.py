@@ -30,7 +30,7 @@ from kvcompat.inspection._model import (
     TransferGroup,
     TransferRegion,
 )
-from kvcompat.inspection._static import join_path, static_attr
+from kvcompat.inspection._static import enum_value, join_path, static_attr
 
 __all__ = ["dsv4_node"]
 
@@ -163,7 +163,7 @@ def dsv4_node(walk: Walk, native: Any, *, name: str, path: str) -> PoolManifest:
         layer_ids=tuple(stage),
         page_size=page or None,
         token_capacity=int_or_none(static_attr(native, "size", None)),
-        layout=_layout_name(native),
+        layout=_token_pool_layout(native),
         tensors=tuple(tensors),
         children=tuple(children),
         details=details_of(native),
@@ -184,6 +184,18 @@ def _ships_c128_state_apart(native: Any) -> bool:
         callable(getattr(cls, name, None))
         for name in ("get_c128_state_buf_infos", "get_request_state_buf_infos")
     )
+
+
+def _token_pool_layout(native: Any) -> str:
+    """``"v4,c4:v4,c128:v4"``: the main layout, then each compressed pool's."""
+    if static_attr(native, "uniform_fp8", False):
+        return "uniform_fp8"
+    ratios = sorted({int(r) for r in static_attr(native, "compression_ratios", []) or []} - {0})
+    found, _ = dsv4_compressed_pools(native, static_attr)  # kv_pools or c4_/c128_kv_pool
+    pools = {ratio: pool for ratio, (_, pool) in found.items()}
+    main = str(enum_value(static_attr(native, "kv_layout", None)) or "v4")
+    extra = [f"c{r}:{_layout_name(pools[r]) if pools.get(r) is not None else main}" for r in ratios]
+    return ",".join([main, *extra])
 
 
 def _state_nodes(

@@ -17,11 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcompat._compat._marker import unwrap_proxy
-from kvcompat._errors import UnsupportedPoolError
+from kvcompat._errors import KVCompatError, UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, adapt, family_of, qualified_name
-from kvcompat.adapters import CompositeAdapter, LeafAdapter
-from kvcompat.adapters.sglang import adapt_dsv4_token_pool, adapt_hybrid_linear, adapt_swa
+from kvcompat.adapters import CompositeAdapter, CompositeParts, LeafAdapter
 from kvcompat.inspection._build import (
     Walk,
     _layout_name,
@@ -32,7 +31,6 @@ from kvcompat.inspection._build import (
     opaque_node,
     row_bytes,
 )
-from kvcompat.inspection._dsv4 import dsv4_node
 from kvcompat.inspection._model import (
     PoolManifest,
     Role,
@@ -46,18 +44,43 @@ __all__ = ["describe"]
 
 # -- composites --------------------------------------------------------------------------------
 
-_STATE_COMPONENTS: Mapping[Any, Mapping[str, Mapping[TransferGroup, TransferGroup | None]]] = {
-    # SWAKVPool registers the full pool as PD "kv" and the sliding-window pool as "state".
-    adapt_swa: {"swa": {TransferGroup.KV: TransferGroup.STATE}},
-}
+_Regroup = Mapping[TransferGroup, TransferGroup | None]
+
+
+def _regroups(parts: CompositeParts | None, family: Family) -> Mapping[str, _Regroup]:
+    """The transfer regrouping a composite family declares (``CompositeParts.regroup``)."""
+    if parts is None:
+        return {}
+    try:
+        return {
+            component: {
+                TransferGroup(group): None if new is None else TransferGroup(new)
+                for group, new in groups.items()
+            }
+            for component, groups in parts.regroup.items()
+        }
+    except ValueError:
+        msg = (
+            f"{family.qualname}: CompositeParts.regroup is {dict(parts.regroup)!r}; groups must "
+            f"be among {[g.value for g in TransferGroup]} (or None)."
+        )
+        raise KVCompatError(msg) from None
+
+
+def _native_describer(family: Family | None) -> Any:
+    """The family's own describer (``CompositeParts.describe``), or None."""
+    parts = None if family is None else family.parts
+    return None if parts is None else parts.describe
 
 
 def _node(
     walk: Walk, native: Any, adapter: KVPoolProtocol | None, *, name: str, path: str
 ) -> PoolManifest:
     family = family_of(native)
-    if family is not None and family.build is adapt_dsv4_token_pool:
-        return dsv4_node(walk, native, name=name, path=path)
+    describer = _native_describer(family)
+    if describer is not None:
+        manifest: PoolManifest = describer(walk, native, name=name, path=path)
+        return manifest
     if family is not None and family.kind is PoolKind.COMPOSITE:
         composite = adapter if adapter is not None else adapt(native)
         return _composite_node(walk, native, composite, family, name=name, path=path)
@@ -80,7 +103,7 @@ def _composite_node(
     path: str,
 ) -> PoolManifest:
     """Any composite kvcompat adapts: one child per adapter component, plus known extras."""
-    regroups = _STATE_COMPONENTS.get(family.build, {})
+    regroups = _regroups(family.parts, family)
     children: list[PoolManifest] = []
     for part_name, part in adapter.components.items():
         part_native = part.native
@@ -99,10 +122,11 @@ def _composite_node(
             )
         else:
             children.append(_node(walk, part_native, part, name=part_name, path=where))
-    if family.build is adapt_hybrid_linear:
-        mamba = static_attr(native, "mamba_pool", None)
+    linear_state = {} if family.parts is None else family.parts.linear_state
+    for state_name, attr in linear_state.items():
+        mamba = static_attr(native, attr, None)
         if mamba is not None:
-            children.append(_mamba_node(walk, mamba, path=join_path(path, "mamba_pool")))
+            children.append(_mamba_node(walk, mamba, name=state_name, path=join_path(path, attr)))
     return PoolManifest(
         name=name,
         path=path,
@@ -119,7 +143,7 @@ def _composite_node(
     )
 
 
-def _mamba_node(walk: Walk, mamba: Any, *, path: str) -> PoolManifest:
+def _mamba_node(walk: Walk, mamba: Any, *, name: str, path: str) -> PoolManifest:
     """A hybrid pool's linear-attention state: one view per mamba layer of each state tensor.
 
     Each state tensor leads with the mamba-layer axis; its per-layer view is
@@ -142,16 +166,16 @@ def _mamba_node(walk: Walk, mamba: Any, *, path: str) -> PoolManifest:
                             view,
                             path=f"{where}[{index}]",
                             role=Role.MAMBA_STATE,
-                            component="mamba",
+                            component=name,
                             layer_ids=(layer,),
                             row_unit="slot",
                             regions=(region,),
                         )
                     )
             else:
-                tensors.append(entry(tensor, path=where, role=Role.OPAQUE, component="mamba"))
+                tensors.append(entry(tensor, path=where, role=Role.OPAQUE, component=name))
     return PoolManifest(
-        name="mamba",
+        name=name,
         path=path,
         role=Role.MAMBA_STATE,
         kind=None,
@@ -189,7 +213,7 @@ def _resolve(pool: Any) -> tuple[Any, KVPoolProtocol | None, str]:
         if native is None:
             native = getattr(pool, "native", pool)
         return native, pool, str(getattr(pool, "name", type(native).__name__))
-    if family is not None and family.build is adapt_dsv4_token_pool:
+    if _native_describer(family) is not None:
         return pool, None, type(pool).__name__  # described natively, adaptable or not
     return pool, adapt(pool), type(pool).__name__
 

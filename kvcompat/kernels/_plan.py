@@ -14,11 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvcompat.layouts._plain import PLAIN_CODEC
-from kvcompat.layouts._spec import Encoding
-from kvcompat.layouts.dsv4_uniform_fp8 import UNIFORM_FP8
-from kvcompat.layouts.dsv4_v4 import V4
-from kvcompat.layouts.dsv4_v41 import V41, V41_NEW
-from kvcompat.layouts.dsv4_v41_fp4 import V41_FP4, V41_FP4_NEW
+from kvcompat.layouts._spec import SCALE_KINDS, Encoding, SegmentRole
 
 if TYPE_CHECKING:
     from kvcompat.kernels._config import KernelFamily
@@ -30,6 +26,7 @@ __all__ = [
     "cached_geometry",
     "chunk_words",
     "edge_span",
+    "fp8_constants",
     "geometry",
     "launch_family",
     "read_plan",
@@ -73,19 +70,6 @@ def geometry(spec: LayoutSpec, page_size: int) -> dict[str, int]:
     }
 
 
-def _is(spec: LayoutSpec, *candidates: LayoutSpec) -> bool:
-    return any(spec == candidate for candidate in candidates)
-
-
-def _is_dsa(spec: LayoutSpec) -> bool:
-    return (
-        not spec.paged
-        and spec.scale_encoding is Encoding.FP32
-        and spec.data_encoding is Encoding.E4M3FN
-        and spec.value_dim is not None
-    )
-
-
 def chunk_words(words: int, *, cap: int = 256) -> tuple[int, int]:
     """``(block, tail)`` column blocks for rows of ``words`` words.
 
@@ -110,23 +94,48 @@ def word_bytes(row_bytes: int, *pointers: int) -> int:
     return 1
 
 
-def _fp8_read_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
-    if _is(spec, V4):
-        return {"NQ": 448, "TILE": 64, "NT": 7, "NT_P2": 8, "SCALE_KIND": 1,
-                "SCALE_IN_ROW": 0, "NROPE": 64, "ROPE_OFF": 448}  # fmt: skip
-    if _is(spec, V41, V41_NEW):
-        return {"NQ": 512, "TILE": 32, "NT": 16, "NT_P2": 16, "SCALE_KIND": 2,
-                "SCALE_IN_ROW": 0, "NROPE": 0, "ROPE_OFF": 0}  # fmt: skip
-    if _is(spec, UNIFORM_FP8):
-        return {"NQ": 512, "TILE": 64, "NT": 8, "NT_P2": 8, "SCALE_KIND": 0,
-                "SCALE_IN_ROW": 0, "NROPE": 0, "ROPE_OFF": 0}  # fmt: skip
-    if _is_dsa(spec):
-        rank = int(spec.value_dim or 0)
-        tiles = rank // 128
-        return {"NQ": rank, "TILE": 128, "NT": tiles, "NT_P2": 1 << (tiles - 1).bit_length(),
-                "SCALE_KIND": 3, "SCALE_IN_ROW": rank, "NROPE": spec.rope_dim,
-                "ROPE_OFF": rank + 4 * tiles}  # fmt: skip
-    return None
+def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
+    """The fp8 kernels' constants of ``spec``, derived from its segments and ``spec.kernel``.
+
+    ``NQ`` quantized values in ``NT`` tiles of ``TILE`` (``NT_P2`` the next power of two),
+    then ``NROPE`` bf16 rotary values stored apart at byte ``ROPE_OFF`` of the data row;
+    ``SCALE_KIND`` indexes :data:`~kvcompat.layouts._spec.SCALE_KINDS`; ``SCALE_IN_ROW``
+    is the byte of in-row fp32 scales. None when the layout declares no fp8 kernel.
+
+    Example:
+        >>> from kvcompat.kernels._plan import fp8_constants
+        >>> from kvcompat.layouts import V4
+        >>> c = fp8_constants(V4)
+        >>> c["NQ"], c["TILE"], c["NT"], c["NROPE"], c["ROPE_OFF"], c["SCALE_KIND"]
+        (448, 64, 7, 64, 448, 1)
+    """
+    kernel = spec.kernel
+    if kernel is None or kernel.family != "fp8":
+        return None
+    rope = [
+        seg
+        for seg in spec.segments
+        if seg.role is SegmentRole.ROPE and seg.encoding is Encoding.BF16 and seg.region == "data"
+    ]
+    nrope = sum(seg.elements for seg in rope)
+    nq = spec.dim - nrope
+    tile = kernel.tile or spec.tile_size
+    tiles = nq // tile
+    in_row = kernel.scales == "fp32_in_row"
+    return {
+        "NQ": nq,
+        "TILE": tile,
+        "NT": tiles,
+        "NT_P2": 1 << (tiles - 1).bit_length(),
+        "SCALE_KIND": SCALE_KINDS.index(kernel.scales),
+        "SCALE_IN_ROW": spec.segment("scale").offset if in_row else 0,
+        "NROPE": nrope,
+        "ROPE_OFF": rope[0].offset if rope else 0,
+    }
+
+
+def _kernel_family(spec: LayoutSpec) -> str | None:
+    return None if spec.kernel is None else spec.kernel.family
 
 
 _READ_PLANS: dict[tuple[int, bool], tuple[LayoutSpec, Plan | str]] = {}
@@ -160,13 +169,13 @@ def read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
 
 
 def _read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
-    if fnuz and not _is(spec, V4):
+    if fnuz and not spec.supports_fnuz:
         return f"layout {spec.name!r} has no fnuz variant"
     if spec.codec is PLAIN_CODEC:
         return Plan("gather_rows", {"ROW_BYTES": spec.data_bytes})
-    if _is(spec, V41_FP4, V41_FP4_NEW):
+    if _kernel_family(spec) == "fp4":
         return Plan("read_fp4")
-    constants = _fp8_read_constants(spec)
+    constants = fp8_constants(spec)
     if constants is None:
         return f"no kernel reads layout {spec.name!r}"
     return Plan("read_fp8", {**constants, "OUT_DIM": spec.dim, "FNUZ": fnuz})
@@ -196,23 +205,24 @@ def write_plan(spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool) -> Pl
 def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusal
     spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool
 ) -> Plan | str:
-    if fnuz and not _is(spec, V4):
+    if fnuz and not spec.supports_fnuz:
         return f"layout {spec.name!r} has no fnuz variant"
     if values_dtype not in VALUE_DTYPES:
         return f"the write kernels take bf16, fp16 or fp32 values, not {values_dtype}"
     in_bf16 = values_dtype == torch.bfloat16
     if spec.codec is PLAIN_CODEC and spec.output_dtype == values_dtype:
         return Plan("scatter_rows", {"ROW_BYTES": spec.data_bytes})
-    if spec.codec is PLAIN_CODEC or _is(spec, UNIFORM_FP8):
+    unscaled_fp8 = spec.kernel is not None and spec.kernel.scales == "none"
+    if spec.codec is PLAIN_CODEC or (_kernel_family(spec) == "fp8" and unscaled_fp8):
         esize = spec.data_encoding.bits // 8
         return Plan(
             "write_plain",
             {"DIM": spec.dim, "ESIZE": esize, "OUT_KIND": _PLAIN_OUT_KIND[spec.data_encoding],
              "IN_BF16": in_bf16},
         )  # fmt: skip
-    if _is(spec, V41_FP4, V41_FP4_NEW):
+    if _kernel_family(spec) == "fp4":
         return Plan("write_fp4", {"IN_KIND": VALUE_DTYPES.index(values_dtype)})
-    constants = _fp8_read_constants(spec)
+    constants = fp8_constants(spec)
     if constants is None:
         return f"no kernel writes layout {spec.name!r}"
     kind = int(constants.pop("SCALE_KIND"))

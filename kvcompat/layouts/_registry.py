@@ -3,44 +3,77 @@
 from __future__ import annotations
 
 import enum
+import importlib
 import inspect
-from types import MappingProxyType
+import pkgutil
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING
 
 from kvcompat._errors import LayoutError
 from kvcompat.layouts._spec import LayoutSpec
-from kvcompat.layouts.dsa_fp8 import DSA_FP8
-from kvcompat.layouts.dsv4_indexer_fp4 import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE
-from kvcompat.layouts.dsv4_indexer_fp8 import DSV4_INDEXER_FP8
-from kvcompat.layouts.dsv4_uniform_fp8 import UNIFORM_FP8
-from kvcompat.layouts.dsv4_v4 import V4
-from kvcompat.layouts.dsv4_v41 import V41, V41_NEW
-from kvcompat.layouts.dsv4_v41_fp4 import V41_FP4, V41_FP4_NEW
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["LAYOUTS", "get_layout"]
+__all__ = ["KV_LAYOUT_NAMES", "LAYOUTS", "get_layout"]
 
-LAYOUTS: Mapping[str, LayoutSpec] = MappingProxyType(
-    {
-        spec.name: spec
-        for spec in (
-            V4,
-            V41,
-            V41_FP4,
-            UNIFORM_FP8,
-            V41_NEW,
-            V41_FP4_NEW,
-            DSA_FP8,
-            DSV4_INDEXER_FP4,
-            DSV4_INDEXER_FP4_RNE,
-            DSV4_INDEXER_FP8,
-        )
-    }
-)
-"""The named layouts, by name (SGLang's ``KVLayout`` values, ``"dsa_fp8"`` and the
-DeepSeek-V4 indexer-key layouts)."""
+
+def _layout_modules() -> list[ModuleType]:
+    """Every public module of :mod:`kvcompat.layouts` (one per byte layout), by name."""
+    package = importlib.import_module("kvcompat.layouts")
+    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__))
+    return [
+        importlib.import_module(f"kvcompat.layouts.{name}")
+        for name in names
+        if not name.startswith("_")
+    ]
+
+
+def _discover() -> tuple[dict[str, LayoutSpec], tuple[str, ...]]:
+    """The named specs each layout module exports (``__all__``), and SGLang's enum values.
+
+    A module whose ``SGLANG_KV_LAYOUT`` is true holds values of SGLang's DeepSeek-V4
+    ``KVLayout`` enum (what a ``DeepSeekV4SingleKVPool``'s ``kv_layout`` selects).
+    """
+    found: dict[str, LayoutSpec] = {}
+    kv_layouts: list[str] = []
+    for module in _layout_modules():
+        for export in getattr(module, "__all__", ()):
+            spec = getattr(module, export)
+            if not isinstance(spec, LayoutSpec):
+                continue  # a factory of parametrised layouts (mha_layout, ...)
+            if spec.name in found:
+                msg = f"two layout modules name a layout {spec.name!r} ({module.__name__})"
+                raise LayoutError(msg)
+            found[spec.name] = spec
+            if getattr(module, "SGLANG_KV_LAYOUT", False):
+                kv_layouts.append(spec.name)
+    return found, tuple(kv_layouts)
+
+
+_FOUND, _KV_LAYOUTS = _discover()
+
+LAYOUTS: Mapping[str, LayoutSpec] = MappingProxyType(_FOUND)
+"""The named layouts, by name: every :class:`LayoutSpec` a module of
+:mod:`kvcompat.layouts` exports (SGLang's ``KVLayout`` values, ``"dsa_fp8"`` and the
+DeepSeek-V4 indexer-key layouts). A new layout module is registered by existing.
+
+Example:
+    >>> from kvcompat.layouts._registry import LAYOUTS
+    >>> LAYOUTS["v41_new"].bytes_per_token
+    528
+"""
+
+KV_LAYOUT_NAMES: tuple[str, ...] = _KV_LAYOUTS
+"""The names that are values of SGLang's DeepSeek-V4 ``KVLayout`` enum (the layouts a
+``DeepSeekV4SingleKVPool`` selects with ``kv_layout``); ``kvcompat.testing.KVLayout``
+is checked against it.
+
+Example:
+    >>> from kvcompat.layouts._registry import KV_LAYOUT_NAMES
+    >>> sorted(KV_LAYOUT_NAMES)[:3]
+    ['uniform_fp8', 'v4', 'v41']
+"""
 
 
 def _layout_name(layout: object) -> str | None:

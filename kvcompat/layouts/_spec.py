@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     ErrorBound = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     """``max_error(x, scale_rows) -> per-value bound`` (see ``LayoutSpec.max_error``)."""
 
-__all__ = ["Encoding", "LayoutSpec", "Region", "RowCodec", "Segment", "SegmentRole"]
+__all__ = [
+    "Encoding",
+    "KernelSpec",
+    "LayoutSpec",
+    "Region",
+    "RowCodec",
+    "Segment",
+    "SegmentRole",
+]
 
 Region = Literal["data", "scale"]
 """Which per-token row a segment lives in: the data row or the scale row."""
@@ -138,6 +146,42 @@ class Segment:
         return self.offset + self.nbytes
 
 
+ScaleKind = Literal["none", "ue8m0_v4", "ue8m0", "fp32_in_row"]
+"""How the fp8 kernels decode a layout's scale bytes (see :class:`KernelSpec`)."""
+
+SCALE_KINDS: tuple[ScaleKind, ...] = ("none", "ue8m0_v4", "ue8m0", "fp32_in_row")
+"""The scale kinds, in the order of the fp8 kernels' ``SCALE_KIND`` constant."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """Which Triton kernel family serves a layout, as the layout's module declares it.
+
+    The kernel plan (``kvcompat.kernels._plan``) derives every compile-time constant
+    from the spec's segments and this declaration; layouts declaring none are served by
+    the plain row kernels when their codec is the plain one, else by the torch twin.
+
+    Attributes:
+        family: ``"fp8"`` (e4m3 values in tiles, an optional bf16 rotary tail) or
+            ``"fp4"`` (DeepSeek-V4.1's e2m1 pages).
+        scales: fp8 only: how the scale bytes decode. ``"none"`` (unscaled: written
+            as plain e4m3 casts), ``"ue8m0_v4"`` (V4: byte 0 reads 0), ``"ue8m0"`` (V4.1:
+            byte 0 is ``2**-127``, 255 is NaN), ``"fp32_in_row"`` (DSA: fp32 scales
+            inside the data row, at the scale segment).
+        tile: fp8 only: the kernels' column tile; None means the layout's
+            ``tile_size`` (an unscaled layout may pick any divisor of its width).
+
+    Example:
+        >>> from kvcompat.layouts import V4
+        >>> V4.kernel
+        KernelSpec(family='fp8', scales='ue8m0_v4', tile=None)
+    """
+
+    family: Literal["fp8", "fp4"]
+    scales: ScaleKind = "none"
+    tile: int | None = None
+
+
 class RowCodec(Protocol):
     """Pure per-token arithmetic of a layout: values <-> (data bytes, scale bytes).
 
@@ -213,6 +257,9 @@ class LayoutSpec:
             rows ``[n, scale_bytes]`` (uint8) and returns the per-value bound on
             ``|dequantize(quantize(x)) - x|`` for finite ``x``; the round-trip tests and
             :func:`kvcompat.testing.check_pool` use it (not part of equality or hashing).
+        kernel: the Triton kernel family serving the layout, where one does
+            (:class:`KernelSpec`); None for the plain row layouts (served by the row
+            kernels through their codec) and layouts only the torch twin serves.
 
     Example:
         >>> from kvcompat.layouts import V4
@@ -242,6 +289,7 @@ class LayoutSpec:
     error_bound: str
     codec: RowCodec = field(compare=False, hash=False, repr=False)
     max_error: ErrorBound | None = field(default=None, compare=False, hash=False, repr=False)
+    kernel: KernelSpec | None = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         for region, size in (("data", self.data_bytes), ("scale", self.scale_bytes)):

@@ -46,7 +46,7 @@ from kvcompat.layouts._numerics import (
     encode_e4m3_saturating,
     to_bf16,
 )
-from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
+from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["DSA_FP8", "dsa_fp8_layout"]
 
@@ -167,6 +167,7 @@ def dsa_fp8_layout(kv_lora_rank: int = 512, qk_rope_head_dim: int = 64) -> Layou
         segments=tuple(segments),
         error_bound="|x' - x| <= 0.07 * |x| + 2**-9 * s, s the tile's fp32 scale (non-zero tiles)",
         codec=_DsaFp8Codec(kv_lora_rank, qk_rope_head_dim),
+        kernel=KernelSpec("fp8", scales="fp32_in_row"),
     )
 
 

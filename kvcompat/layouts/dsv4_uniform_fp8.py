@@ -21,9 +21,12 @@ from __future__ import annotations
 import torch
 
 from kvcompat.layouts._numerics import E4M3FN_MAX, decode_e4m3, to_bf16
-from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
+from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["UNIFORM_FP8"]
+
+SGLANG_KV_LAYOUT = True
+"""This module's layouts are values of SGLang's DeepSeek-V4 ``KVLayout`` enum."""
 
 DIM = 512
 NOPE_DIM = 448
@@ -70,6 +73,7 @@ UNIFORM_FP8 = LayoutSpec(
     ),
     error_bound="|x' - x| <= max(2**-4 * |x|, 2**-10) for |x| <= 448",
     codec=_UniformFp8Codec(),
+    kernel=KernelSpec("fp8", scales="none", tile=64),
 )
 """DeepSeek-V4 ``UNIFORM_FP8``: 448 + 64 e4m3fn values per token, no scales, align 512.
 

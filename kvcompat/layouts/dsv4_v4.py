@@ -51,9 +51,12 @@ from kvcompat.layouts._numerics import (
     pow2_from_biased,
     to_bf16,
 )
-from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
+from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["V4"]
+
+SGLANG_KV_LAYOUT = True
+"""This module's layouts are values of SGLang's DeepSeek-V4 ``KVLayout`` enum."""
 
 NOPE_DIM = 448
 ROPE_DIM = 64
@@ -149,6 +152,7 @@ V4 = LayoutSpec(
         "(s < max(amax, 1e-4) / 224); rope: exact for bf16 input, else bf16 rounding"
     ),
     codec=_V4Codec(),
+    kernel=KernelSpec("fp8", scales="ue8m0_v4"),
 )
 """DeepSeek-V4 ``V4``: 448 e4m3 + 64 bf16, 7 ue8m0 scales + 1 pad; tile 64, align 576.
 

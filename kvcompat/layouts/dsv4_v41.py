@@ -36,9 +36,12 @@ from kvcompat.layouts._numerics import (
     to_bf16,
     ue8m0_to_float,
 )
-from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
+from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["V41", "V41_NEW"]
+
+SGLANG_KV_LAYOUT = True
+"""This module's layouts are values of SGLang's DeepSeek-V4 ``KVLayout`` enum."""
 
 DIM = 512
 TILE = 32
@@ -110,6 +113,7 @@ def _spec(name: str, *, interleaved: bool) -> LayoutSpec:
         segments=_SEGMENTS,
         error_bound=_BOUND,
         codec=_CODEC,
+        kernel=KernelSpec("fp8", scales="ue8m0"),
     )
 
 

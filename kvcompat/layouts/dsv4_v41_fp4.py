@@ -42,9 +42,12 @@ from kvcompat.layouts._numerics import (
     to_bf16,
     unpack_nibbles,
 )
-from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
+from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["V41_FP4", "V41_FP4_NEW"]
+
+SGLANG_KV_LAYOUT = True
+"""This module's layouts are values of SGLang's DeepSeek-V4 ``KVLayout`` enum."""
 
 DIM = 512
 TILE = 16
@@ -112,6 +115,7 @@ def _spec(name: str, *, interleaved: bool) -> LayoutSpec:
         segments=_SEGMENTS,
         error_bound=_BOUND,
         codec=_CODEC,
+        kernel=KernelSpec("fp4"),
     )
 
 

@@ -20,7 +20,8 @@ import torch
 from kvcompat._protocol import PoolKind
 from kvcompat._registry import Family, _install, qualified_name
 from kvcompat.adapters._leaf import LatentAdapter, SingleKVAdapter, SplitAdapter
-from kvcompat.adapters.sglang import adapt_swa
+from kvcompat.adapters.sglang import SWA_PARTS, adapt_swa
+from kvcompat.layouts._registry import KV_LAYOUT_NAMES
 
 __all__ = [
     "KVLayout",
@@ -50,6 +51,23 @@ class KVLayout(str, enum.Enum):
     UNIFORM_FP8 = "uniform_fp8"
     V41_NEW = "v41_new"
     V41_FP4_NEW = "v41_fp4_new"
+
+
+def _check_kv_layouts() -> None:
+    """``KVLayout`` names exactly the registry's SGLang ``KVLayout`` values."""
+    declared = {member.value for member in KVLayout}
+    registered = set(KV_LAYOUT_NAMES)
+    if declared != registered:
+        msg = (
+            f"kvcompat.testing.KVLayout names {sorted(declared)}, but the layout registry's "
+            f"SGLang KVLayout values are {sorted(registered)} (layout modules with "
+            "SGLANG_KV_LAYOUT = True).\nHint: add the missing members to KVLayout in "
+            "kvcompat/testing/_reference.py."
+        )
+        raise ImportError(msg)
+
+
+_check_kv_layouts()
 
 
 class RecordingLayerCounter:
@@ -697,4 +715,6 @@ for _cls, _kind, _leaf in (
     (ReferenceDeepSeekV4SingleKVPool, PoolKind.SINGLE_KV, SingleKVAdapter),
 ):
     _install(Family(qualified_name(_cls), _kind, leaf=_leaf))
-_install(Family(qualified_name(ReferenceSWAKVPool), PoolKind.COMPOSITE, build=adapt_swa))
+_install(
+    Family(qualified_name(ReferenceSWAKVPool), PoolKind.COMPOSITE, build=adapt_swa, parts=SWA_PARTS)
+)

@@ -7,6 +7,7 @@ settings helper.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,14 @@ from _kernel_cases import as_bytes, make_buffer
 
 from kvcompat import LayoutError
 from kvcompat.kernels._config import DEFAULTS, OVERRIDES, LaunchSettings, launch_settings
-from kvcompat.kernels._plan import edge_span, launch_family, read_plan, unsupported, write_plan
+from kvcompat.kernels._plan import (
+    edge_span,
+    fp8_constants,
+    launch_family,
+    read_plan,
+    unsupported,
+    write_plan,
+)
 from kvcompat.layouts import (
     DSA_FP8,
     UNIFORM_FP8,
@@ -26,13 +34,16 @@ from kvcompat.layouts import (
     V41_FP4,
     V41_FP4_NEW,
     V41_NEW,
+    Encoding,
     LayoutSpec,
+    SegmentRole,
     dequantize,
     dsa_fp8_layout,
     mha_layout,
     mla_layout,
     quantize,
 )
+from kvcompat.layouts._registry import LAYOUTS
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
@@ -155,6 +166,84 @@ def test_every_layout_has_kernels() -> None:
         for write in (False, True):
             reason = unsupported(spec, write=write, fnuz=True, values_dtype=torch.bfloat16)
             assert reason == f"layout {spec.name!r} has no fnuz variant"
+
+
+_PLANNED = [
+    *LAYOUTS.values(),
+    *(dsa_fp8_layout(256, 0), dsa_fp8_layout(384, 64)),
+    *(mha_layout(2, 8, torch.bfloat16), mha_layout(4, 64, torch.float8_e5m2)),
+    *(mla_layout(512, 64, torch.bfloat16), mla_layout(512, 64, torch.float8_e4m3fn)),
+]
+
+
+@pytest.mark.parametrize("spec", _PLANNED, ids=lambda spec: spec.name)
+def test_kernel_plans_agree_with_their_layout_spec(spec: LayoutSpec) -> None:
+    """Every constant a kernel is compiled with re-reads the spec's own byte map."""
+    plan = read_plan(spec, fnuz=False)
+    kernel = spec.kernel
+    if kernel is None:  # plain rows go through the row kernels, the rest through torch
+        if isinstance(plan, str):
+            assert plan == f"no kernel reads layout {spec.name!r}"
+        else:
+            assert plan.family == "gather_rows"
+            assert plan.constants == {"ROW_BYTES": spec.data_bytes}
+        return
+    assert not isinstance(plan, str), plan
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert unsupported(spec, write=True, fnuz=False, values_dtype=dtype) is None
+    if kernel.family == "fp4":
+        assert plan.family == "read_fp4"
+        assert spec.data_encoding is Encoding.E2M1X2
+        return
+    c = plan.constants
+    assert plan.family == "read_fp8"
+    assert spec.data_encoding is Encoding.E4M3FN
+    assert c["OUT_DIM"] == spec.dim == c["NQ"] + c["NROPE"]
+    assert c["NT"] * c["TILE"] == c["NQ"]
+    assert c["NT_P2"] >= c["NT"] > c["NT_P2"] // 2
+    e4m3 = [s for s in spec.segments if s.encoding is Encoding.E4M3FN and s.region == "data"]
+    assert sum(s.nbytes for s in e4m3) == c["NQ"]  # one byte per quantized value
+    if c["NROPE"]:
+        rope = next(s for s in spec.segments if s.region == "data" and s.offset == c["ROPE_OFF"])
+        assert (rope.role, rope.encoding) == (SegmentRole.ROPE, Encoding.BF16)
+        assert rope.elements == c["NROPE"]
+    scales = [s for s in spec.segments if s.role is SegmentRole.SCALE]
+    if kernel.scales == "none":
+        assert not scales
+        assert spec.scale_bytes == 0
+    elif kernel.scales == "fp32_in_row":
+        (scale,) = scales
+        assert (scale.region, scale.encoding) == ("data", Encoding.FP32)
+        assert (scale.offset, scale.elements) == (c["SCALE_IN_ROW"], c["NT"])
+    else:  # one ue8m0 byte per tile, in the scale row
+        (scale,) = scales
+        assert (scale.region, scale.encoding) == ("scale", Encoding.UE8M0)
+        assert scale.elements == c["NT"] == spec.scale_bytes_written
+        assert spec.tile_size == c["TILE"]
+
+
+def test_kernel_constants_of_the_dsv4_and_dsa_layouts() -> None:
+    """The constants the fp8 kernels were written for, pinned (derived from the specs)."""
+    expected = {
+        V4: (448, 64, 7, 8, 1, 0, 64, 448),
+        V41: (512, 32, 16, 16, 2, 0, 0, 0),
+        V41_NEW: (512, 32, 16, 16, 2, 0, 0, 0),
+        UNIFORM_FP8: (512, 64, 8, 8, 0, 0, 0, 0),
+        DSA_FP8: (512, 128, 4, 4, 3, 512, 64, 528),
+    }
+    names = ("NQ", "TILE", "NT", "NT_P2", "SCALE_KIND", "SCALE_IN_ROW", "NROPE", "ROPE_OFF")
+    for spec, values in expected.items():
+        constants = fp8_constants(spec)
+        assert constants is not None
+        assert tuple(constants[name] for name in names) == values, spec.name
+
+
+def test_a_layout_without_a_kernel_declaration_falls_back_to_torch() -> None:
+    bare = dataclasses.replace(V41, name="v41_no_kernel", kernel=None)
+    assert read_plan(bare, fnuz=False) == "no kernel reads layout 'v41_no_kernel'"
+    assert unsupported(bare, write=True, fnuz=False, values_dtype=torch.bfloat16) == (
+        "no kernel writes layout 'v41_no_kernel'"
+    )
 
 
 @pytest.mark.parametrize("spec", [V41_FP4, V41_FP4_NEW], ids=lambda spec: spec.name)
