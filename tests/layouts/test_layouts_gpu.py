@@ -91,7 +91,10 @@ def test_twin_on_cuda_matches_cpu(spec: LayoutSpec, dtype: torch.dtype) -> None:
         for fnuz in flavours:
             cpu = torch.randint(0, 256, (rows, spec.page_bytes(per_row)), dtype=torch.uint8)
             gpu = cpu.cuda()
-            kwargs = {"fnuz": fnuz, "check_finite": not non_finite}
+            # special_values holds saturating magnitudes (beyond fp4 tiles' 2688, say): the
+            # default check refuses those, so the twins are compared on what
+            # check_finite=False stores.
+            kwargs = {"fnuz": fnuz, "check_finite": False}
             quantize(spec, values, cpu, loc, page_size, **kwargs)
             quantize(spec, values.cuda(), gpu, loc.cuda(), page_size, **kwargs)
             assert torch.equal(cpu, gpu.cpu())
