@@ -21,10 +21,39 @@ from kvcompat.testing import (
     ReferenceMLATokenToKVPool,
 )
 
-__all__ = ["build_demo_pools", "decode_attention", "run_demo"]
+__all__ = ["build_demo_pools", "decode_attention", "device_problem", "run_demo"]
 
 LATENT = 512
 """Every demo pool stores 512 values per token, so the same keys go into all three."""
+
+
+def device_problem(device: str) -> str | None:
+    """Why the demo cannot run on ``device``, in one line; None when it can.
+
+    Example:
+        >>> from kvcompat._demo import device_problem
+        >>> device_problem("cpu") is None
+        True
+        >>> print(device_problem("gpu"))  # doctest: +ELLIPSIS
+        --device 'gpu' is not a torch device; use cpu, cuda or cuda:N
+    """
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        return f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N"
+    if parsed.type == "meta":
+        return "--device meta holds no data, so nothing can be read back; use cpu or cuda"
+    try:
+        torch.empty(1, device=parsed)
+    except (AssertionError, RuntimeError, NotImplementedError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return (
+            f"--device {device}: torch {torch.__version__} cannot allocate there ({reason}); "
+            f"it sees {cuda} CUDA device(s); use --device cpu"
+        )
+    return None
 
 
 def build_demo_pools(device: str = "cpu") -> dict[str, Any]:
