@@ -184,15 +184,28 @@ def check_without_torch(wheel: Path, outside: Path) -> None:
     for line in recipe:
         words = line.split()
         if words[:2] == ["pip", "install"]:
-            words = [py, "-m", "pip", "--disable-pip-version-check", "install", "-q",
-                     "--force-reinstall", *[str(wheel) if w == "kvcompat" else w for w in words[2:]]]
+            words = [
+                py,
+                "-m",
+                "pip",
+                "--disable-pip-version-check",
+                "install",
+                "-q",
+                "--force-reinstall",
+                *[str(wheel) if w == "kvcompat" else w for w in words[2:]],
+            ]
             _run(words, cwd=project, env=env)
         else:
             found = _run(["sh", "-c", line], cwd=project, expect=1, env=env)  # the probe's finding
-    _run([py, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"],
-         cwd=outside, env=env)
+    _run(
+        [py, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"],
+        cwd=outside,
+        env=env,
+    )
     if found is None or "KVC002" not in found.stdout or "KVC001" in found.stdout or found.stderr:
-        msg = f"the CI recipe's scan misbehaved:\n{found and found.stdout}\n{found and found.stderr}"
+        msg = (
+            f"the CI recipe's scan misbehaved:\n{found and found.stdout}\n{found and found.stderr}"
+        )
         raise CheckError(msg)
     probe = project / "src" / "probe.py"
     version = _run([kv, "--version"], cwd=outside, env=env)
