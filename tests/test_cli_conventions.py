@@ -299,21 +299,10 @@ def test_numpy_is_a_declared_dependency_and_pinned_with_torch() -> None:
     assert "\nnumpy==" in pins
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["demo"],
-        ["doctor"],
-        ["inspect"],
-        ["doctor", "--format", "json"],
-        ["scan", "examples"],
-        ["--version"],
-    ],
-    ids=["demo", "doctor", "inspect", "doctor-json", "scan", "version"],
-)
-def test_no_command_prints_the_numpy_warning(args: list[str]) -> None:
-    result = _run(*args)
-    assert result.returncode in (0, 1), result.stderr
+def test_demo_prints_no_numpy_warning() -> None:
+    # doctor, inspect and scan: the --format json test asserts their stderr is empty
+    result = _run("demo")
+    assert result.returncode == 0, result.stderr
     assert NUMPY_WARNING not in result.stderr
     assert result.stderr == ""
 
