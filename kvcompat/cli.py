@@ -65,7 +65,7 @@ def _demo(args: argparse.Namespace) -> int:
     if problem is not None:
         _error("demo", problem)
         return EXIT_USAGE
-    return run_demo(sys.stdout, device=args.device)
+    return run_demo(sys.stdout, device=args.device, json=args.format == "json")
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -171,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="run the generic key-first loop over the reference MHA, MLA and DSv4 pools"
     )
     demo.add_argument("--device", default="cpu", help="torch device for the pools (default: cpu)")
+    _add_format(demo)
     demo.set_defaults(run=_demo)
     inspect = commands.add_parser(
         "inspect", help="manifest, memory report and transfer descriptors of the demo pools"

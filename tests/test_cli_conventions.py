@@ -181,6 +181,7 @@ def test_exit_codes_are_documented() -> None:
 @pytest.mark.parametrize(
     ("args", "keys"),
     [
+        (["demo"], {"native", "detection", "layers", "values", "ok"}),
         (["doctor"], {"kvcompat", "python", "torch", "triton", "engines"}),
         (["inspect"], {"source", "pools"}),
         (["scan", "examples"], {"version", "findings", "summary"}),
