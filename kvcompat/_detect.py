@@ -27,16 +27,36 @@ __all__ = [
 PoolLike = SupportsGetKeyBuffer | type[SupportsGetKeyBuffer]
 
 
-def _kind(obj: Any) -> PoolKind | None:
+def _family(obj: Any) -> Family | None:
     cls = obj if isinstance(obj, type) else type(obj)
     family: Family | None = _cache.get(cls, _MISSING)
     if family is _MISSING:
         family = family_of(cls)
-    return None if family is None else family.kind
+    return family
+
+
+def _kind(obj: Any) -> PoolKind | None:
+    """What the pool is, even where kvcompat refuses to adapt it (its native kind).
+
+    Inlined (no helper call, no property): detectors run on hot paths.
+    """
+    cls = obj if isinstance(obj, type) else type(obj)
+    family: Family | None = _cache.get(cls, _MISSING)
+    if family is _MISSING:
+        family = family_of(cls)
+    if family is None:
+        return None
+    kind = family.kind
+    return kind if kind is not None else family.native_kind
 
 
 def pool_kind(obj: object, /) -> PoolKind | None:
-    """The :class:`PoolKind` of a pool, pool class or adapter; None if not supported.
+    """The :class:`PoolKind` of a pool, pool class or adapter; None if unknown.
+
+    A class kvcompat recognises but refuses to adapt (``NPUDeepSeekV4SingleKVPool``,
+    ``MHATokenToKVPoolMXFP8``) still answers its native kind, so code guarded by a
+    detector knows what the native getters do; :func:`is_supported_pool` says whether
+    :func:`kvcompat.adapt` accepts it.
 
     Does not import sglang (or any engine) and never calls a getter: an SGLang
     class can only be recognised once the program has imported it.
@@ -129,4 +149,5 @@ def is_supported_pool(obj: object, /) -> TypeIs[PoolLike]:
         >>> kvcompat.is_supported_pool(ReferenceMHATokenToKVPool), kvcompat.is_supported_pool(3)
         (True, False)
     """
-    return _kind(obj) is not None
+    family = _family(obj)
+    return family is not None and family.kind is not None

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from kvcompat.adapters._io import LayerLayout
 
 __all__ = ["Impl", "KVPair", "KVPoolProtocol", "PoolKind", "SupportsGetKeyBuffer"]
 
@@ -244,8 +247,8 @@ class KVPoolProtocol(Protocol):
         """Which component serves the layer's primary buffer (None for a leaf pool)."""
         ...
 
-    def layout(self, layer_id: int, /) -> Any:
-        """The byte layouts of the layer's buffers (a ``LayerLayout``)."""
+    def layout(self, layer_id: int, /) -> LayerLayout:
+        """The byte layouts of the layer's buffers (:class:`kvcompat.adapters.LayerLayout`)."""
         ...
 
     def read(

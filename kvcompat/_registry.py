@@ -19,8 +19,9 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from kvcompat._compat._marker import proxy_adapter
 from kvcompat._errors import UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat.adapters._composite import CompositeAdapter
@@ -49,6 +50,13 @@ class Family:
         leaf: the leaf adapter class (for pools that can also be a composite's part).
         build: builds an adapter from a native pool (leaf families use ``leaf``).
         reason: why a recognised class is unsupported (``kind is None``).
+        native_kind: what the *native* class is, for the detectors, when kvcompat
+            refuses to adapt it (``kind is None``): ``is_single_kv_pool`` answers True
+            for ``NPUDeepSeekV4SingleKVPool`` although ``adapt`` refuses it. None when
+            the class is not a pool of any one kind (an abstract base, a stub).
+        subclasses: class names of engine subclasses checked to keep this family's
+            storage, served by its adapter; any other subclass defined in the engine's
+            namespace is refused (it may add buffers, e.g. scales, the adapter ignores).
     """
 
     qualname: str
@@ -56,6 +64,18 @@ class Family:
     leaf: type[LeafAdapter] | None = None
     build: Factory | None = None
     reason: str | None = None
+    native_kind: PoolKind | None = None
+    subclasses: tuple[str, ...] = ()
+
+    @property
+    def detected_kind(self) -> PoolKind | None:
+        """The kind the detectors answer: the served kind, else the native class's kind.
+
+        Example:
+            >>> Family("x.Y", None, reason="no", native_kind=PoolKind.SPLIT).detected_kind
+            <PoolKind.SPLIT: 'split'>
+        """
+        return self.kind if self.kind is not None else self.native_kind
 
     def make(self, native: Any) -> KVPoolProtocol:
         """Build an adapter for ``native`` (which must be of this family)."""
@@ -72,6 +92,10 @@ _families: dict[str, Family] = {}
 # consulted for classes whose module starts with one of these prefixes.
 _by_class_name: dict[tuple[str, str], Family] = {}
 _cache: dict[type, Family | None] = {}
+# Engine namespaces whose classes must be registered one by one: a subclass found only
+# through a supported base is refused (it may add buffers, e.g. scales, the base's
+# adapter would ignore), so a new engine release cannot slip a class through silently.
+_sealed_prefixes: set[str] = set()
 _MISSING: Any = object()
 
 
@@ -90,6 +114,7 @@ def _install(family: Family, *, name_fallback: str | None = None) -> None:
     if name_fallback is not None:
         short = family.qualname.rsplit(".", 1)[1]
         _by_class_name[(name_fallback, short)] = family
+        _sealed_prefixes.add(name_fallback)
 
 
 def _confirmed(cls: type) -> bool:
@@ -105,16 +130,43 @@ def _confirmed(cls: type) -> bool:
     return target is cls
 
 
+def _lookup(base: type) -> Family | None:
+    family = _families.get(qualified_name(base))
+    if family is not None and _confirmed(base):
+        return family
+    for (prefix, short), found in _by_class_name.items():
+        if base.__qualname__ == short and base.__module__.startswith(prefix):
+            return found
+    return None
+
+
+def _engine_class(cls: type) -> bool:
+    return any(cls.__module__.startswith(prefix) for prefix in _sealed_prefixes)
+
+
 def _resolve(cls: type) -> Family | None:
+    passed: list[type] = []  # engine classes met before the nearest registered base
     for base in cls.__mro__:
-        family = _families.get(qualified_name(base))
-        if family is not None and _confirmed(base):
+        family = _lookup(base)
+        if family is not None:
+            if family.kind is not None:
+                for sub in passed:
+                    if sub.__qualname__ not in family.subclasses:
+                        return _unchecked_subclass(sub, family)
             return family
-    for base in cls.__mro__:
-        for (prefix, short), family in _by_class_name.items():
-            if base.__qualname__ == short and base.__module__.startswith(prefix):
-                return family
+        if _engine_class(base):
+            passed.append(base)
     return _structural(cls)
+
+
+def _unchecked_subclass(cls: type, base: Family) -> Family:
+    """A refusal for an engine class kvcompat reaches only through a supported base."""
+    reason = (
+        f"it subclasses {base.qualname}, but kvcompat has not checked this subclass: it may "
+        "keep buffers (scales, remapped rows) the base's adapter would ignore, and reading "
+        "or writing it as its base could be silently wrong"
+    )
+    return Family(qualified_name(cls), None, reason=reason + ".", native_kind=base.kind)
 
 
 def _structural(cls: type) -> Family | None:
@@ -194,6 +246,9 @@ def adapt(pool: Any) -> KVPoolProtocol:
         >>> k is v, kvcompat.adapt(pool) is pool
         (True, True)
     """
+    proxied = proxy_adapter(pool)
+    if proxied is not None:
+        return proxied  # type: ignore[no-any-return]  # a kvcompat.compat proxy: its adapter
     family = family_of(pool)
     if isinstance(pool, type):
         msg = (
@@ -266,11 +321,14 @@ def register_adapter(
 
     Args:
         qualname: ``"package.module.ClassName"`` of the class (subclasses match too).
-        factory: a callable building a :class:`KVPoolProtocol` from a native
-            pool, or the qualified name of a class kvcompat already supports,
-            to reuse its adapter (e.g. a vendor fork of ``MHATokenToKVPool``).
+        factory: a :class:`~kvcompat.adapters.LeafAdapter` subclass (every feature:
+            getters, read/write, describe, transfers, composite parts — see
+            ``docs/extending.md``), any callable building a :class:`KVPoolProtocol`
+            from a native pool, or the qualified name of a class kvcompat already
+            supports, to reuse its adapter (e.g. a vendor fork of ``MHATokenToKVPool``).
         kind: the :class:`PoolKind`; required with a callable factory, taken
-            from the reused family otherwise.
+            from the reused family or the :class:`~kvcompat.adapters.LeafAdapter`
+            subclass otherwise.
         replace: allow replacing an existing registration.
 
     Raises:
@@ -310,6 +368,17 @@ def register_adapter(
             msg = f"kind={kind!r} contradicts the reused family {factory} ({base.kind})."
             raise ValueError(msg)
         family = Family(qualname, base.kind, leaf=base.leaf, build=base.build)
+    elif isinstance(factory, type) and issubclass(factory, LeafAdapter):
+        # A leaf adapter class: the family's one place. Its buffers, layer_buffers and
+        # detect_layout hooks serve describe, transfers, read/write and composite parts.
+        declared = inspect.getattr_static(factory, "kind", None)
+        if not isinstance(declared, PoolKind):
+            msg = f"{factory.__qualname__} must set kind = kvcompat.PoolKind.<KIND>."
+            raise ValueError(msg)
+        if kind is not None and PoolKind(kind) is not declared:
+            msg = f"kind={kind!r} contradicts {factory.__qualname__}.kind ({declared})."
+            raise ValueError(msg)
+        family = Family(qualname, declared, leaf=factory)
     elif callable(factory):
         if kind is None:
             msg = (
@@ -323,7 +392,7 @@ def register_adapter(
         except ValueError:
             msg = f"kind must be a PoolKind, got {kind!r}; valid: {[k.value for k in PoolKind]}."
             raise ValueError(msg) from None
-        family = Family(qualname, resolved, build=factory)
+        family = Family(qualname, resolved, build=cast("Factory", factory))
     else:  # runtime guard for untyped callers
         msg = (  # type: ignore[unreachable]
             f"factory must be a callable or the qualified name of a supported class, "

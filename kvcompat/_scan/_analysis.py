@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, Finding, make_message
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
 
-__all__ = ["Edit", "Hit", "analyze"]
+__all__ = ["FIX_ADAPTER", "FIX_HELPERS", "Edit", "Hit", "analyze"]
 
 # kvcompat's detectors that tell a single-KV (or key-only) pool apart from the
 # others; is_composite_pool and is_supported_pool do not, so they are no guard.
@@ -37,6 +37,24 @@ _POLAR_DETECTORS = frozenset({"is_single_kv_pool", "is_key_only_pool"})
 _ADAPTERS = frozenset({"adapt", "compat"})
 _POOL_WORDS = ("pool", "kv_cache", "kvcache", "token_to_kv")
 _POOL_CLASS_WORDS = ("pool", "kvcache")
+# Host (CPU offload) pools hold their own k_buffer/kv_buffer tensors, whatever the
+# device pool's layout; a receiver or class whose name says "host" is one.
+_HOST_WORD = "host"
+# Built-in checks that ask what an object is: ``hasattr(pool, "v_buffer")``,
+# ``isinstance(pool, MHATokenToKVPool)``, ``type(pool) is X``. A test that applies
+# one to an access's receiver (or to a prefix of it) guards that access.
+_RECEIVER_CHECKS = frozenset({"hasattr", "isinstance", "type"})
+# Tensor methods that pick token rows (like a subscript does).
+_ROW_METHODS = frozenset(
+    {"index_select", "index_copy_", "index_put_", "index_fill_", "index_add_", "gather"}
+)
+# Calls that keep a buffer's layout (``get_key_buffer(i).to(q.dtype)``).
+_SAME_LAYOUT = frozenset({"to", "contiguous", "float", "half", "bfloat16"})
+# A function whose name names a pool family (``attach_mha``, ``_set_mla_kv_buffer``)
+# states which pools it is written for, as a hasattr/isinstance check would.
+_FAMILY_WORDS = frozenset({"mha", "mla", "dsa"})
+# What a row read only for its size or address is used for (``buf[0].nbytes``).
+_BYTE_ATTRS = frozenset({"nbytes", "data_ptr", "element_size", "itemsize", "dtype", "device"})
 
 # What a surrounding ``try`` must catch to protect each code. kv_buffer (KVC005)
 # has none: on DeepSeek-V4 single-KV pools it exists and silently has another shape.
@@ -53,6 +71,7 @@ _NEEDS_CATCH: dict[str, str] = {
     "KVC002": _NOT_IMPLEMENTED,
     "KVC003": _NOT_IMPLEMENTED,
     "KVC004": _ATTRIBUTE,
+    "KVC007": _NOT_IMPLEMENTED,
 }
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 _TRY_TYPES: tuple[type[ast.stmt], ...] = tuple(
@@ -60,14 +79,29 @@ _TRY_TYPES: tuple[type[ast.stmt], ...] = tuple(
 )
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-# Expressions that can take ``.layer_id`` without parentheses.
-_PRIMARIES = (ast.Name, ast.Attribute, ast.Subscript, ast.Call)
 _MAX_SHOWN = 40
 # Every name the scanner looks for contains one of these ("kv_buffer" contains
 # "v_buffer"). Identifiers are NFKC-normalised, so only ASCII text can skip analysis.
-_NEEDLES = (*CALL_RULES, "k_buffer", "v_buffer")
+_NEEDLES = (*CALL_RULES, "k_buffer", "v_buffer", "get_key_buffer")
 
 _Position = tuple[int, int]
+
+FIX_HELPERS: dict[str, str] = {
+    "KVC001": "_kvcompat_get_value_buffer",
+    "KVC002": "_kvcompat_get_kv_buffer",
+    "KVC003": "_kvcompat_set_kv_buffer",
+}
+"""Code -> the module-level helper ``--fix`` routes the call through."""
+FIX_ADAPTER = "_kvcompat_adapter"
+"""The helper that keeps one kvcompat adapter per pool object."""
+
+
+def _opening(text: str, name: str) -> int | None:
+    """The length of ``.name(`` at the start of ``text`` (whitespace allowed), or None."""
+    paren = text.find("(")
+    if paren < 0 or "".join(text[:paren].split()) != f".{name}":
+        return None
+    return paren + 1
 
 
 class _Kind(enum.Enum):
@@ -110,13 +144,19 @@ class _Scope:
 class _Class:
     name: str
     methods: frozenset[str]  # defined in the class body (methods and properties)
+    bases: tuple[str, ...] = ()  # the base classes' names as written (``KVCache``)
     assigned: set[str] = dataclasses.field(default_factory=set)  # self.<x> = / class attrs
     kinds: dict[str, set[_Kind]] = dataclasses.field(default_factory=dict)
 
+    defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = dataclasses.field(
+        default_factory=dict
+    )
+
     @property
     def is_pool(self) -> bool:
-        lowered = self.name.lower()
-        return any(word in lowered for word in _POOL_CLASS_WORDS)
+        """A KV pool class: its name or a base's name says so (``…Pool``, ``KVCache``)."""
+        names = (self.name, *self.bases)
+        return any(word in name.lower() for name in names for word in _POOL_CLASS_WORDS)
 
     def kind_of(self, attr: str) -> _Kind:
         kinds = self.kinds.get(attr, set())
@@ -130,7 +170,7 @@ class _Names:
     """How the module spells kvcompat (``import kvcompat as kc``, ``from kvcompat import …``)."""
 
     modules: set[str] = dataclasses.field(default_factory=lambda: {"kvcompat"})
-    adapters: set[str] = dataclasses.field(default_factory=lambda: set(_ADAPTERS))
+    adapters: set[str] = dataclasses.field(default_factory=lambda: {*_ADAPTERS, FIX_ADAPTER})
     detectors: dict[str, str] = dataclasses.field(
         default_factory=lambda: {name: name for name in _DETECTORS}
     )
@@ -201,7 +241,9 @@ class _Names:
         if self.is_adapt_call(value):
             return _Kind.ADAPTED
         for node in ast.walk(value):
-            if isinstance(node, ast.Call) and self.detector(node.func) is not None:
+            if isinstance(node, ast.Call) and (
+                self.detector(node.func) is not None or _receiver_check(node) is not None
+            ):
                 return _Kind.DETECTED
         return _Kind.OTHER
 
@@ -220,6 +262,45 @@ def _target_names(target: ast.expr) -> Iterator[ast.Name]:
 
 def _is_self(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Name) and expr.id == "self"
+
+
+def _last_name(expr: ast.expr) -> str:
+    """The name a base class is written with: ``KVCache`` in ``memory_pool.KVCache``."""
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        return expr.id
+    return expr.attr if isinstance(expr, ast.Attribute) else ""
+
+
+def _prefixes(expr: ast.expr) -> Iterator[ast.expr]:
+    """``a.b[i].c``, ``a.b[i]``, ``a.b``, ``a``: the expression and what it is reached from."""
+    while True:
+        yield expr
+        if isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        elif isinstance(expr, ast.Call):
+            expr = expr.func
+        else:
+            return
+
+
+def _rooted_at_self(expr: ast.expr) -> bool:
+    """``self``, ``self.full_kv_pool``, ``self._pool_for(i)``: reached from ``self``."""
+    return any(_is_self(prefix) for prefix in _prefixes(expr))
+
+
+def _key(expr: ast.expr) -> str:
+    """A spelling-independent key for an expression (positions and context dropped)."""
+    return ast.dump(expr)
+
+
+def _receiver_check(call: ast.Call) -> ast.expr | None:
+    """The object ``hasattr(x, ...)``, ``isinstance(x, ...)`` or ``type(x)`` asks about."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in _RECEIVER_CHECKS and call.args:
+        return call.args[0]
+    return None
 
 
 def _parameters(args: ast.arguments) -> Iterator[ast.arg]:
@@ -295,7 +376,9 @@ class _Binder:
     ) -> Iterator[tuple[ast.AST, _Scope, _Class | None]]:
         scope.bind(node.name, _end(node), _Kind.OTHER)
         methods = frozenset(stmt.name for stmt in node.body if isinstance(stmt, _FUNCTIONS))
-        info = _Class(name=node.name, methods=methods)
+        bases = tuple(_last_name(base) for base in node.bases)
+        info = _Class(name=node.name, methods=methods, bases=bases)
+        info.defs.update((stmt.name, stmt) for stmt in node.body if isinstance(stmt, _FUNCTIONS))
         for stmt in node.body:  # class attributes (``k_buffer = None``) belong to it too
             if isinstance(stmt, ast.Assign):
                 targets = stmt.targets
@@ -401,6 +484,8 @@ class _Ctx:
     guarded: bool = False
     caught: frozenset[str] = frozenset()
     comprehension_names: frozenset[str] = frozenset()
+    checked: frozenset[str] = frozenset()  # _key()s of receivers a hasattr/isinstance tested
+    function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | None = None
 
 
 def _single_when(expr: ast.expr, names: _Names) -> bool | None:
@@ -460,6 +545,26 @@ def _suppress_names(item: ast.withitem) -> list[str]:
     ]
 
 
+def _indexed(function: ast.AST, name: str, after: int) -> int | None:
+    """The first line at or after ``after`` where ``function`` indexes ``name`` by rows."""
+    lines: list[int] = []
+    for node in ast.walk(function):
+        if not isinstance(node, ast.expr) or node.lineno < after:
+            continue
+        base: ast.expr | None = None
+        if isinstance(node, ast.Subscript):
+            base = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _ROW_METHODS
+        ):
+            base = node.func.value
+        if isinstance(base, ast.Name) and base.id == name:
+            lines.append(node.lineno)
+    return min(lines) if lines else None
+
+
 def _shown(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= _MAX_SHOWN else "…" + text[-(_MAX_SHOWN - 1) :]
@@ -476,6 +581,13 @@ class _Walker:
         self.names = names
         self.binder = binder
         self.hits: list[Hit] = []
+        self.module = tree
+        self.parents: dict[ast.AST, ast.AST] = {
+            child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)
+        }
+        self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {
+            stmt.name: stmt for stmt in tree.body if isinstance(stmt, _FUNCTIONS)
+        }
         stack: list[tuple[ast.AST, _Ctx]] = []
         self._push_block(stack, tree.body, _Ctx(scope=binder.scopes[tree], cls=None))
         while stack:
@@ -506,6 +618,13 @@ class _Walker:
 
     def _branches(self, test: ast.expr, ctx: _Ctx) -> tuple[_Ctx, _Ctx]:
         """The contexts of the true and the false branch of a test."""
+        checked = frozenset(
+            _key(subject)
+            for node in ast.walk(test)
+            if isinstance(node, ast.Call) and (subject := _receiver_check(node)) is not None
+        )
+        if checked:  # the code asks what the receiver is: both branches know
+            ctx = dataclasses.replace(ctx, checked=ctx.checked | checked)
         if not self._mentions_detector(test, ctx):
             return ctx, ctx
         single_if_true = any(_single_when(o, self.names) is True for o in _operands(test, ast.And))
@@ -526,7 +645,25 @@ class _Walker:
     def _protected(self, code: str, receiver: ast.expr, ctx: _Ctx) -> bool:
         if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
             return True
+        if ctx.checked and any(_key(prefix) in ctx.checked for prefix in _prefixes(receiver)):
+            return True
+        if self._own(receiver, ctx) or _HOST_WORD in self.source.segment(receiver).lower():
+            return True
+        function = ctx.function
+        if isinstance(function, _FUNCTIONS) and _FAMILY_WORDS & set(function.name.split("_")):
+            return True
         return self.names.is_adapt_call(receiver) or self._kind(receiver, ctx) is _Kind.ADAPTED
+
+    @staticmethod
+    def _own(receiver: ast.expr, ctx: _Ctx) -> bool:
+        """Code in a pool class: its implementation, on its storage, sub-pools or device pool.
+
+        A pool knows the classes of the pools it is built from (a host pool is
+        made for one device-pool class, a composite for its sub-pools), so its
+        accesses are not the generic code the scanner looks for.
+        """
+        del receiver
+        return ctx.cls is not None and ctx.cls.is_pool
 
     # -- traversal ------------------------------------------------------------
 
@@ -539,7 +676,8 @@ class _Walker:
 
     def _fresh(self, node: ast.AST, cls: _Class | None) -> _Ctx:
         """A new scope: guards and ``try`` blocks outside it do not protect its body."""
-        return _Ctx(scope=self.binder.scopes[node], cls=cls)
+        function = node if isinstance(node, (*_FUNCTIONS, ast.Lambda)) else None
+        return _Ctx(scope=self.binder.scopes[node], cls=cls, function=function)
 
     def _push_children(  # noqa: PLR0912 -- one branch per construct that changes protection
         self, stack: list[tuple[ast.AST, _Ctx]], node: ast.AST, ctx: _Ctx
@@ -643,6 +781,8 @@ class _Walker:
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in CALL_RULES:
                 self._check_call(node, func, ctx)
+            elif isinstance(func, ast.Attribute) and func.attr == "get_key_buffer":
+                self._check_key_rows(node, func, ctx)
             elif isinstance(func, ast.Name) and func.id == "getattr":
                 self._check_getattr(node, ctx)
         elif (
@@ -667,7 +807,12 @@ class _Walker:
             return  # a pool subclass calling its base class's implementation
         if _is_self(receiver) and ctx.cls is not None and func.attr in ctx.cls.methods:
             return  # a pool calling its own implementation of the method
+        function = ctx.function
+        if isinstance(function, _FUNCTIONS) and function.name == func.attr:
+            return  # a method of that name delegating to another pool (composites)
         code = CALL_RULES[func.attr]
+        if code == "KVC007" and (node.args or node.keywords):
+            return  # SGLang's get_kv_buffer_shape() takes no arguments: another API
         if self._protected(code, receiver, ctx):
             return
         recv = _shown(self.source.segment(receiver))
@@ -698,6 +843,8 @@ class _Walker:
         code = ATTRIBUTE_RULES[attr]
         if self._protected(code, receiver, ctx):
             return
+        if code == "KVC005" and not self._token_rows(node):
+            return  # per-layer tensors used whole (bytes, pointers, lengths): any layout
         recv = _shown(self.source.segment(receiver))
         if attribute is None:
             what = f'getattr({recv}, "{attr}")'
@@ -712,16 +859,150 @@ class _Walker:
 
     def _pool_like(self, receiver: ast.expr, attr: str, ctx: _Ctx) -> bool:
         if _is_self(receiver) and ctx.cls is not None:
-            # A pool class reading storage it does not define itself (it inherits it).
-            cls = ctx.cls
-            return cls.is_pool and attr not in cls.assigned and attr not in cls.methods
+            return False  # a class's own (or inherited) attribute: pools own their storage
         text = self.source.segment(receiver).lower()
         return any(word in text for word in _POOL_WORDS)
 
-    def _call_fix(
+    def _token_rows(self, node: ast.expr) -> bool:
+        """Whether a per-layer buffer list is indexed down to token rows.
+
+        ``pool.kv_buffer[layer][loc]``, ``pool.kv_buffer[layer].index_select(0, loc)``
+        and ``pool.kv_buffer[:, loc]`` are; ``pool.kv_buffer[layer].data_ptr()``,
+        ``len(pool.kv_buffer)`` and ``for buf in pool.kv_buffer`` are not.
+        """
+        layer = self.parents.get(node)
+        if not (isinstance(layer, ast.Subscript) and layer.value is node):
+            return False
+        if isinstance(layer.slice, ast.Tuple):
+            return True
+        return self._rows_of(layer) is not None
+
+    def _rows_of(self, buffer: ast.expr) -> ast.expr | None:
+        """The subscript or ``index_select``-like call that picks rows of ``buffer``, if any."""
+        while True:  # look through layout-preserving calls: buffer.to(q.dtype)[loc]
+            outer = self.parents.get(buffer)
+            call = self.parents.get(outer) if outer is not None else None
+            if (
+                isinstance(outer, ast.Attribute)
+                and outer.attr in _SAME_LAYOUT
+                and isinstance(call, ast.Call)
+                and call.func is outer
+            ):
+                buffer = call
+                continue
+            break
+        if isinstance(outer, ast.Subscript) and outer.value is buffer:
+            used = self.parents.get(outer)
+            if isinstance(used, ast.Attribute) and used.attr in _BYTE_ATTRS:
+                return None  # buf[0].nbytes: the size of one row, whatever the layout
+            return outer
+        if isinstance(outer, ast.Attribute) and outer.attr in _ROW_METHODS:
+            return outer
+        return None
+
+    def _check_key_rows(self, node: ast.Call, func: ast.Attribute, ctx: _Ctx) -> None:
+        """``KVC006``: a ``get_key_buffer(i)`` result indexed as ``[tokens, heads, dim]``."""
+        receiver = func.value
+        if self._protected("KVC006", receiver, ctx):
+            return
+        where = self._key_rows(node, ctx)
+        if where is None:
+            return
+        recv = _shown(self.source.segment(receiver))
+        line, col = self._name_position(func)
+        what = f"{recv}.get_key_buffer() indexed by token (line {where})"
+        use = f"kvcompat.adapt({recv}).read(layer_id, loc) / .write(layer_id, loc, key)"
+        self._add(node, line, col, "KVC006", make_message("KVC006", what, recv, use=use), ())
+
+    def _key_rows(self, node: ast.Call, ctx: _Ctx) -> int | None:
+        """The line where the buffer ``node`` returns is indexed by token, if it is."""
+        rows = self._rows_of(node)
+        if rows is not None:
+            return rows.lineno
+        value: ast.expr = node
+        while True:  # the expression the buffer ends up as: node, or node.to(...)
+            outer = self.parents.get(value)
+            call = self.parents.get(outer) if outer is not None else None
+            if (
+                isinstance(outer, ast.Attribute)
+                and outer.attr in _SAME_LAYOUT
+                and isinstance(call, ast.Call)
+                and call.func is outer
+            ):
+                value = call
+                continue
+            break
+        parent = self.parents.get(value)
+        function: ast.AST = ctx.function if ctx.function is not None else self.module
+        if (
+            isinstance(parent, ast.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0], ast.Name)
+        ):
+            name = parent.targets[0].id
+            found = _indexed(function, name, parent.lineno)
+            if found is not None:
+                return found
+            return self._passed_on(function, name, parent.lineno, ctx)
+        if isinstance(parent, ast.Call) and value in parent.args:
+            return self._param_indexed(parent, parent.args.index(value), None, ctx)
+        if isinstance(parent, ast.keyword) and parent.arg is not None:
+            call = self.parents.get(parent)
+            if isinstance(call, ast.Call):
+                return self._param_indexed(call, None, parent.arg, ctx)
+        return None
+
+    def _passed_on(self, function: ast.AST, name: str, after: int, ctx: _Ctx) -> int | None:
+        """A call in ``function`` that hands the name to a function that indexes it."""
+        for call in ast.walk(function):
+            if not isinstance(call, ast.Call) or call.lineno < after:
+                continue
+            for index, arg in enumerate(call.args):
+                if isinstance(arg, ast.Name) and arg.id == name:
+                    found = self._param_indexed(call, index, None, ctx)
+                    if found is not None:
+                        return found
+            for keyword in call.keywords:
+                value = keyword.value
+                if keyword.arg and isinstance(value, ast.Name) and value.id == name:
+                    found = self._param_indexed(call, None, keyword.arg, ctx)
+                    if found is not None:
+                        return found
+        return None
+
+    def _param_indexed(
+        self, call: ast.Call, index: int | None, keyword: str | None, ctx: _Ctx
+    ) -> int | None:
+        """Whether the function ``call`` calls (defined in this module) indexes that argument."""
+        func = call.func
+        target: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+        skip = 0
+        if isinstance(func, ast.Attribute) and _is_self(func.value) and ctx.cls is not None:
+            target, skip = ctx.cls.defs.get(func.attr), 1
+        elif isinstance(func, ast.Name):
+            target = self.functions.get(func.id)
+        if target is None:
+            return None
+        params = [*target.args.posonlyargs, *target.args.args][skip:]
+        names = [param.arg for param in params]
+        if index is not None:
+            name = names[index] if index < len(names) else None
+        else:
+            kwonly = [param.arg for param in target.args.kwonlyargs]
+            name = keyword if keyword in (*names, *kwonly) else None
+        return None if name is None else _indexed(target, name, target.lineno)
+
+    def _call_fix(  # noqa: PLR0911 -- one return per reason a call is left alone
         self, node: ast.Call, func: ast.Attribute, code: str
     ) -> tuple[tuple[Edit, ...], str]:
-        """The edits that port the call to kvcompat, or why there are none."""
+        """The edits that route the call through a ``--fix`` helper, or why there are none.
+
+        ``X.get_value_buffer(i)`` becomes ``_kvcompat_get_value_buffer(X, i)``: a
+        helper that ``--fix`` adds to the module, which makes the native call and
+        asks kvcompat only where that raises ``NotImplementedError``.
+        """
+        if code not in FIX_HELPERS:
+            return (), "kvcompat has no get_kv_buffer_shape(); read get_key_buffer(i).shape"
         expected = 4 if code == "KVC003" else 1
         if any(isinstance(arg, ast.Starred) for arg in node.args):
             return (), "it passes *args"
@@ -729,28 +1010,22 @@ class _Walker:
             return (), "it passes keyword arguments"
         if len(node.args) != expected:
             return (), f"it passes {len(node.args)} positional arguments, not {expected}"
-        source = self.source
-        receiver = func.value
-        name_end = source.end(func)
-        located = source.text[name_end - len(func.attr) : name_end] == func.attr
-        if not (located and self._located(receiver) and self._located(node.args[0])):
-            return (), "its source text could not be located exactly"
-        edits = [
-            Edit(source.start(receiver), source.start(receiver), "kvcompat.adapt("),
-            Edit(source.end(receiver), source.end(receiver), ")"),
-        ]
         if code == "KVC003":
             loc = node.args[1]
-            if isinstance(loc, ast.Call) and "KVWriteLoc" in source.segment(loc.func):
-                return (), "its location is a KVWriteLoc, not a tensor of token indices"
-            edits.append(Edit(name_end - len(func.attr), name_end, "write"))
-            layer = node.args[0]
-            if isinstance(layer, _PRIMARIES):
-                edits.append(Edit(source.end(layer), source.end(layer), ".layer_id"))
-            else:
-                edits.append(Edit(source.start(layer), source.start(layer), "("))
-                edits.append(Edit(source.end(layer), source.end(layer), ").layer_id"))
-        return tuple(edits), ""
+            if isinstance(loc, ast.Call) and "KVWriteLoc" in self.source.segment(loc.func):
+                return (), "its location is a KVWriteLoc, which kvcompat's write does not take"
+        source = self.source
+        receiver = func.value
+        first = node.args[0]
+        after = source.end(receiver)
+        opening = _opening(source.text[after : source.start(first)], func.attr)
+        if opening is None or not (self._located(receiver) and self._located(first)):
+            return (), "its source text could not be located exactly"
+        edits = (
+            Edit(source.start(receiver), source.start(receiver), f"{FIX_HELPERS[code]}("),
+            Edit(after, after + opening, ", "),  # comments after the "(" stay
+        )
+        return edits, ""
 
     def _located(self, node: ast.expr) -> bool:
         """Whether ``node``'s reported span holds exactly its source (a guard for rewrites)."""

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
-from kvcompat._scan._analysis import Edit, Hit, analyze
+from kvcompat._scan._analysis import FIX_ADAPTER, FIX_HELPERS, Edit, Hit, analyze
 from kvcompat._scan._rules import Finding
 from kvcompat._scan._source import SourceText, parse_module
 
@@ -22,6 +22,64 @@ __all__ = ["fix_source", "parse", "scan_source"]
 # level per pass; no real module nests anywhere near this deep.
 _MAX_PASSES = 50
 _NEWLINE = re.compile(r"\r\n|\r|\n")
+
+# What ``--fix`` adds to a module it rewrites (each piece only if the module lacks
+# it). The native call runs first, so code that worked before behaves exactly as
+# before (same tensors, same errors); kvcompat answers only where the native pool
+# raises NotImplementedError. kvcompat.adapt() costs tens of microseconds, so the
+# adapter is built once per pool object and looked up afterwards (well under a
+# microsecond); the adapter itself notices when the pool's buffer lists are replaced.
+_HEADER = """\
+# Added by `kvcompat scan --fix`: the native call runs first, and kvcompat answers
+# where the pool raises NotImplementedError (one adapter per pool object).
+import weakref as _kvcompat_weakref
+
+_kvcompat_adapters = _kvcompat_weakref.WeakKeyDictionary()
+"""
+_ADAPTER = f"""\
+
+
+def {FIX_ADAPTER}(pool):
+    try:
+        return _kvcompat_adapters[pool]
+    except (KeyError, TypeError):
+        pass
+    adapter = kvcompat.adapt(pool)
+    try:
+        _kvcompat_adapters[pool] = adapter
+    except TypeError:  # not weakly referenceable: adapt again on the next fallback
+        pass
+    return adapter
+"""
+_HELPERS: dict[str, str] = {
+    "KVC001": """\
+
+
+def {name}(pool, layer_id):
+    try:
+        return pool.get_value_buffer(layer_id)
+    except NotImplementedError:
+        return {adapter}(pool).get_value_buffer(layer_id)
+""",
+    "KVC002": """\
+
+
+def {name}(pool, layer_id):
+    try:
+        return pool.get_kv_buffer(layer_id)
+    except NotImplementedError:
+        return {adapter}(pool).get_kv_buffer(layer_id)
+""",
+    "KVC003": """\
+
+
+def {name}(pool, layer, loc, cache_k, cache_v):
+    try:
+        return pool.set_kv_buffer(layer, loc, cache_k, cache_v)
+    except NotImplementedError:
+        return {adapter}(pool).write(layer.layer_id, loc, cache_k, cache_v)
+""",
+}
 
 
 def parse(text: str, path: str) -> ast.Module | Finding:
@@ -77,15 +135,19 @@ def scan_source(source: str, path: str = "<string>") -> list[Finding]:
 
 
 def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]:
-    r"""Rewrite the mechanical cases to kvcompat calls; report what is left.
+    r"""Route the mechanical cases through kvcompat; report what is left.
 
-    ``X.get_value_buffer(i)`` and ``X.get_kv_buffer(i)`` become
-    ``kvcompat.adapt(X).get_value_buffer(i)`` / ``.get_kv_buffer(i)``;
-    ``X.set_kv_buffer(layer, loc, k, v)`` (exactly four positional arguments)
-    becomes ``kvcompat.adapt(X).write(layer.layer_id, loc, k, v)``. When anything
-    was rewritten and the module has no top-level ``import kvcompat``, one is
-    added after the docstring and ``__future__`` imports. Every other character
-    is kept as it was, and the result always parses.
+    ``X.get_value_buffer(i)``, ``X.get_kv_buffer(i)`` and
+    ``X.set_kv_buffer(layer, loc, k, v)`` (exactly these positional arguments)
+    become ``_kvcompat_get_value_buffer(X, i)``, ``_kvcompat_get_kv_buffer(X, i)``
+    and ``_kvcompat_set_kv_buffer(X, layer, loc, k, v)``: helpers that ``--fix``
+    adds to the module (with ``import kvcompat`` if it is missing) after the
+    docstring and ``__future__`` imports. Each makes the native call first, so
+    code that worked behaves exactly as before; only where the native pool
+    raises ``NotImplementedError`` does it ask kvcompat (``get_value_buffer`` /
+    ``get_kv_buffer`` / ``write``), through one adapter kept per pool object
+    (``kvcompat.adapt()`` costs tens of microseconds; the lookup does not).
+    Every other character is kept as it was, and the result always parses.
 
     Args:
         source: Python source text.
@@ -104,14 +166,12 @@ def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]
         ...     "    return pool.get_kv_buffer(layer.layer_id)\n"
         ... )
         >>> fixed, remaining = fix_source(source)
-        >>> print(fixed, end="")
-        from __future__ import annotations
-        import kvcompat
+        >>> print(fixed.split("\n\n\n")[-1], end="")  # the module's own code
         def forward(pool, layer, loc, k, v):
-            kvcompat.adapt(pool).write(layer.layer_id, loc, k, v)
-            return kvcompat.adapt(pool).get_kv_buffer(layer.layer_id)
-        >>> remaining
-        []
+            _kvcompat_set_kv_buffer(pool, layer, loc, k, v)
+            return _kvcompat_get_kv_buffer(pool, layer.layer_id)
+        >>> "import kvcompat\n" in fixed, "def _kvcompat_set_kv_buffer(" in fixed, remaining
+        (True, True, [])
     """
     tree = parse(source, path)
     if isinstance(tree, Finding):
@@ -124,12 +184,14 @@ def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]
             break
         text, tree = step
         changed = True
-    if changed and not _imports_kvcompat(tree):
-        with_import = _add_import(text, tree)
-        parsed = parse(with_import, path)
-        if isinstance(parsed, Finding):  # pragma: no cover - an import line always parses
-            return source, scan_source(source, path)
-        text, tree = with_import, parsed
+    if changed:
+        header = _header(tree)
+        if header:
+            with_header = _add_import(text, tree, header)
+            parsed = parse(with_header, path)
+            if isinstance(parsed, Finding):  # pragma: no cover - the header always parses
+                return source, scan_source(source, path)
+            text, tree = with_header, parsed
     remaining = [hit.finding for hit in analyze(tree, text, path)]
     return text, [_unfixed(finding) for finding in remaining]
 
@@ -200,6 +262,28 @@ def _imports_kvcompat(tree: ast.Module) -> bool:
     return False
 
 
+def _header(tree: ast.Module) -> str:
+    """``import kvcompat`` and the helpers the rewritten calls use, where missing."""
+    defined = {stmt.name for stmt in tree.body if isinstance(stmt, ast.FunctionDef)}
+    called = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    helpers = [
+        template.format(name=FIX_HELPERS[code], adapter=FIX_ADAPTER)
+        for code, template in _HELPERS.items()
+        if FIX_HELPERS[code] in called and FIX_HELPERS[code] not in defined
+    ]
+    parts = [] if _imports_kvcompat(tree) else ["import kvcompat\n"]
+    if helpers and FIX_ADAPTER not in defined:
+        parts.extend((_HEADER, _ADAPTER))
+    parts.extend(helpers)
+    if helpers:
+        parts.append("\n\n")  # two blank lines before the module's own code
+    return "".join(parts)
+
+
 def _is_docstring(stmt: ast.stmt) -> bool:
     return (
         isinstance(stmt, ast.Expr)
@@ -208,8 +292,8 @@ def _is_docstring(stmt: ast.stmt) -> bool:
     )
 
 
-def _add_import(text: str, tree: ast.Module) -> str:
-    """Insert ``import kvcompat`` after the docstring and ``from __future__`` imports.
+def _add_import(text: str, tree: ast.Module, header: str = "import kvcompat\n") -> str:
+    """Insert ``header`` after the docstring and ``from __future__`` imports.
 
     It goes just before the next statement, so a shebang, an encoding line and
     header comments stay where they are.
@@ -224,9 +308,10 @@ def _add_import(text: str, tree: ast.Module) -> str:
         index += 1
     match = _NEWLINE.search(text)
     newline = match.group() if match else "\n"
+    header = header.replace("\n", newline)
     if index == len(body):  # only a docstring and __future__ imports: append
         separator = "" if not text or text.endswith(("\n", "\r")) else newline
-        return f"{text}{separator}import kvcompat{newline}"
+        return f"{text}{separator}{header}"
     stmt = body[index]
     first_line = min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", []))])
     source = SourceText(text)
@@ -235,5 +320,7 @@ def _add_import(text: str, tree: ast.Module) -> str:
     if first_line == stmt.lineno and before.strip():
         # The statement shares its line with the one before it (``"""doc"""; x = 1``).
         at = source.start(stmt)
-        return f"{text[:at]}import kvcompat; {text[at:]}"
-    return f"{text[:line_start]}import kvcompat{newline}{text[line_start:]}"
+        if header == f"import kvcompat{newline}":
+            return f"{text[:at]}import kvcompat; {text[at:]}"
+        return f"{text[:at]}{header}{text[at:]}"
+    return f"{text[:line_start]}{header}{text[line_start:]}"

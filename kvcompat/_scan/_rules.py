@@ -160,11 +160,34 @@ RULES: dict[str, Rule] = {
             name="kv_buffer",
             breaks_on=(
                 "MHA pools and the DeepSeek-V4 composite (AttributeError); on DeepSeek-V4 "
-                "single-KV pools it is packed page-major bytes [pages, page_bytes], "
-                "not [tokens, heads, dim]"
+                "single-KV pools it is packed page-major bytes [pages, page_bytes], so "
+                "indexing it by token reads page rows"
             ),
             classes=("MHATokenToKVPool", *_DSV4_SINGLE, "DeepSeekV4TokenToKVPool"),
             replacement=_READ_HINT,
+        ),
+        Rule(
+            code="KVC006",
+            name="get_key_buffer rows",
+            breaks_on=(
+                "DeepSeek-V4 single-KV pools (silently): get_key_buffer returns packed "
+                "page-major bytes [pages, page_bytes], so indexing it by token reads page rows"
+            ),
+            classes=_DSV4_SINGLE,
+            replacement="kvcompat.adapt({recv}).read(layer_id, loc) or .write(layer_id, loc, key)",
+        ),
+        Rule(
+            code="KVC007",
+            name="get_kv_buffer_shape",
+            breaks_on=(
+                "every pool whose get_kv_buffer raises: DeepSeek-V4 single-KV, indexer and "
+                "composite pools and key-only pools (NotImplementedError)"
+            ),
+            classes=_DSV4_SINGLE + _DSV4_OTHER + _KEY_ONLY,
+            replacement=(
+                "kvcompat.adapt({recv}).get_key_buffer(layer_id).shape, or the layout's "
+                "logical shape from kvcompat.describe({recv})"
+            ),
         ),
     )
 }
@@ -173,6 +196,7 @@ CALL_RULES: dict[str, str] = {
     "get_value_buffer": "KVC001",
     "get_kv_buffer": "KVC002",
     "set_kv_buffer": "KVC003",
+    "get_kv_buffer_shape": "KVC007",
 }
 """Method name -> code, for the three generic methods the scanner looks for."""
 
@@ -187,6 +211,7 @@ ERROR_CODES: dict[str, str] = {
     "KVC900": "syntax error",
     "KVC901": "cannot decode",
     "KVC902": "cannot read",
+    "KVC903": "too large",
 }
 """Codes for files the scanner could not check; any of them makes the exit status 2."""
 

@@ -9,6 +9,7 @@ import fnmatch
 import io
 import json
 import os
+import stat
 import sys
 import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,6 +23,11 @@ from kvcompat._scan._source import split_lines
 __all__ = ["ScanReport", "main", "scan_paths"]
 
 _SKIPPED_DIRS = frozenset({"__pycache__", "site-packages", ".venv"})
+MAX_BYTES = 16 * 1024 * 1024
+"""Files larger than this (16 MiB) are reported (``KVC903``), not read."""
+# Opening a FIFO for reading blocks until a writer appears; O_NONBLOCK makes the
+# open return at once, and the fstat after it refuses anything but a regular file.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 _Mode = Literal["check", "fix", "diff"]
 _JSON_VERSION = 1
 
@@ -32,7 +38,7 @@ class ScanReport:
 
     Attributes:
         findings: Unguarded pool accesses (``KVC001`` … ``KVC005``), by path and line.
-        errors: Paths and files that could not be checked (``KVC900`` … ``KVC902``).
+        errors: Paths and files that could not be checked (``KVC900`` … ``KVC903``).
         files: How many Python files were checked (read and parsed).
         fixed: How many findings ``--fix`` rewrote (0 when not fixing).
 
@@ -40,7 +46,7 @@ class ScanReport:
         >>> import pathlib, tempfile
         >>> from kvcompat.scan import scan_paths
         >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     _ = (pathlib.Path(tmp) / "probe.py").write_text("pool.kv_buffer[0]\n")
+        ...     _ = (pathlib.Path(tmp) / "probe.py").write_text("pool.kv_buffer[0][loc]\n")
         ...     report = scan_paths([tmp])
         >>> [finding.code for finding in report.findings], report.files, report.exit_code
         (['KVC005'], 1, 1)
@@ -142,9 +148,18 @@ def _excluded(path: str, patterns: Sequence[str]) -> bool:
     )
 
 
-def _walk(root: str, patterns: Sequence[str]) -> Iterator[str]:
-    """The ``.py`` files under ``root``, sorted, skipping hidden and tool directories."""
-    for directory, subdirs, files in os.walk(root):
+def _walk(root: str, patterns: Sequence[str], errors: list[Finding]) -> Iterator[str]:
+    """The ``.py`` files under ``root``, sorted, skipping hidden and tool directories.
+
+    A directory that cannot be listed is reported in ``errors`` (``KVC902``), never
+    skipped silently.
+    """
+
+    def unlisted(exc: OSError) -> None:
+        where = os.path.normpath(exc.filename) if exc.filename else root
+        errors.append(_missing(where, f"cannot list directory: {exc.strerror or exc}"))
+
+    for directory, subdirs, files in os.walk(root, onerror=unlisted):
         subdirs[:] = sorted(
             name
             for name in subdirs
@@ -172,9 +187,12 @@ def _files(
     for given in paths:
         path = os.fspath(given)
         if os.path.isdir(path):
-            found: Iterable[str] = _walk(path, patterns)
+            found: Iterable[str] = _walk(path, patterns, errors)
         elif os.path.isfile(path):
             found = [path]
+        elif os.path.islink(path) and not os.path.exists(path):
+            errors.append(_missing(path, "a dangling symbolic link"))
+            continue
         elif os.path.lexists(path):
             errors.append(_missing(path, "not a regular file or directory"))
             continue
@@ -238,17 +256,73 @@ def _diff(path: str, before: str, after: str) -> str:
     return "".join(out)
 
 
-def _read(path: str) -> tuple[str, str] | Finding:
-    """``(text, encoding)`` of a file, or the KVC901/KVC902 finding that says why not."""
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read_bytes(path: str, max_bytes: int) -> bytes | Finding:  # noqa: PLR0911 -- one per refusal
+    """The bytes of a regular file of at most ``max_bytes``, or the finding that says why not.
+
+    Never blocks (a FIFO is refused, not opened for a writer to appear) and never
+    reads more than ``max_bytes + 1`` bytes (a link to ``/dev/zero`` is refused by
+    type; a file that grows while it is read is cut off and reported).
+    """
+    if os.path.islink(path) and not os.path.exists(path):
+        return _missing(path, "a dangling symbolic link")
     try:
-        data = Path(path).read_bytes()
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         return _missing(path, exc.strerror or str(exc))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return _missing(path, f"{_kind(info.st_mode)}, not a regular file")
+        if info.st_size > max_bytes:
+            return _too_large(path, info.st_size, max_bytes)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        return _missing(path, exc.strerror or str(exc))
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        return _too_large(path, size, max_bytes)
+    return b"".join(chunks)
+
+
+def _too_large(path: str, size: int, max_bytes: int) -> Finding:
+    message = (
+        f"too large: {size} bytes, over the limit of {max_bytes}; "
+        "exclude it, or raise the limit with --max-bytes"
+    )
+    return Finding(path, 0, 0, "KVC903", message, fixable=False)
+
+
+def _read(path: str, max_bytes: int = MAX_BYTES) -> tuple[str, str] | Finding:
+    """``(text, encoding)`` of a file, or the KVC901-KVC903 finding that says why not."""
+    data = _read_bytes(path, max_bytes)
+    if isinstance(data, Finding):
+        return data
     return _decode(path, data)
 
 
-def _process(path: str, mode: _Mode) -> _FileResult:
-    decoded = _read(path)
+def _process(path: str, mode: _Mode, max_bytes: int = MAX_BYTES) -> _FileResult:
+    decoded = _read(path, max_bytes)
     if isinstance(decoded, Finding):
         return _FileResult([], [decoded])
     text, encoding = decoded
@@ -274,6 +348,7 @@ def _run(
     paths: Iterable[str | os.PathLike[str]],
     mode: _Mode,
     exclude: Sequence[str],
+    max_bytes: int = MAX_BYTES,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[ScanReport, list[str]]:
     files, errors = _files(paths, exclude)
@@ -284,7 +359,7 @@ def _run(
     for index, path in enumerate(files):
         if progress is not None:  # (files done, files in all), before each file and at the end
             progress(index, len(files))
-        result = _process(path, mode)
+        result = _process(path, mode, max_bytes)
         findings.extend(result.findings)
         errors.extend(result.errors)
         fixed += result.fixed
@@ -298,7 +373,10 @@ def _run(
 
 
 def scan_paths(
-    paths: Iterable[str | os.PathLike[str]], *, exclude: Sequence[str] = ()
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    exclude: Sequence[str] = (),
+    max_bytes: int = MAX_BYTES,
 ) -> ScanReport:
     r"""Scan Python files and directories (recursively) without changing them.
 
@@ -311,6 +389,7 @@ def scan_paths(
     Args:
         paths: Files and directories.
         exclude: Glob patterns of paths to skip while walking directories.
+        max_bytes: Larger files are reported as ``KVC903``, not read.
 
     Returns:
         The report. Missing paths, unreadable files, files that are not valid
@@ -326,7 +405,7 @@ def scan_paths(
         >>> report.files, report.exit_code, report.errors[0].code
         (1, 2, 'KVC902')
     """
-    return _run(paths, "check", exclude)[0]
+    return _run(paths, "check", exclude, max_bytes)[0]
 
 
 # -- command line ---------------------------------------------------------------
@@ -335,7 +414,8 @@ _EPILOG = """\
 codes:
   KVC001  .get_value_buffer(...)           KVC004  .k_buffer / .v_buffer on a pool
   KVC002  .get_kv_buffer(...)              KVC005  .kv_buffer on a pool
-  KVC003  .set_kv_buffer(...)              KVC900-902  file could not be checked
+  KVC003  .set_kv_buffer(...)              KVC006  get_key_buffer(i) indexed by token
+  KVC007  .get_kv_buffer_shape()           KVC900-903  path or file could not be checked
 
 exit status: 0 no findings, 1 findings remain, 2 usage error or a file could not be checked.
 silence a line with "# kvcompat: ignore" (or "# kvcompat: ignore[KVC004]"),
@@ -371,6 +451,14 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="GLOB",
         help="skip files and directories matching GLOB while walking (repeatable)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=MAX_BYTES,
+        metavar="N",
+        help=f"report files larger than N bytes (KVC903) instead of reading them "
+        f"(default {MAX_BYTES})",
     )
     return parser
 
@@ -421,14 +509,16 @@ def main(
         _write(sys.stderr, message)
         return 2
     mode: _Mode = "fix" if args.fix else "diff" if args.diff else "check"
-    report, diffs = _run(args.paths, mode, args.exclude, progress)
+    report, diffs = _run(args.paths, mode, args.exclude, args.max_bytes, progress)
     if args.format == "json":
         _write(sys.stdout, json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
         return report.exit_code
     messages = sys.stderr if mode == "diff" else sys.stdout
     for diff in diffs:
         _write(sys.stdout, diff)
-    for finding in sorted((*report.errors, *report.findings), key=_order):
+    for error in sorted(report.errors, key=_order):  # what was not checked: always stderr
+        _write(sys.stderr, error.format() + "\n")
+    for finding in sorted(report.findings, key=_order):
         _write(messages, finding.format() + "\n")
     _write(messages, report.summary() + "\n")
     return report.exit_code

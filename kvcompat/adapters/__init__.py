@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from kvcompat.adapters._base import AdapterBase
+from kvcompat.adapters._base import AdapterBase, Buffer
 from kvcompat.adapters._composite import CompositeAdapter
 from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._leaf import (
@@ -30,6 +30,7 @@ from kvcompat.adapters._leaf import (
 
 __all__ = [
     "AdapterBase",
+    "Buffer",
     "CompositeAdapter",
     "IndexKeyAdapter",
     "KeyOnlyAdapter",

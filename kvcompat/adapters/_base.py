@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 
-__all__ = ["AdapterBase"]
+__all__ = ["AdapterBase", "Buffer"]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One native buffer an adapter declares, for ``describe``, ``memory_report`` and transfers.
+
+    A leaf adapter lists its pool's buffers in :attr:`AdapterBase.buffers`; kvcompat's
+    inspection reads them from there (attribute reads only, never a getter), so a pool
+    taught with :func:`kvcompat.register_adapter` is described, sized and transferred
+    like a built-in one. Tensors the pool holds that no declaration names are reported
+    as ``opaque``.
+
+    Attributes:
+        attr: attribute path from the native pool (``"k_buffer"``, ``"cache.pages"``):
+            a per-layer list of tensors, or one tensor.
+        role: what it holds, a :class:`kvcompat.inspection.Role` value (``"key"``,
+            ``"value"``, ``"latent"``, ``"packed_kv"``, ``"index_keys"``, ``"key_scales"``...).
+        group: the :class:`kvcompat.inspection.TransferGroup` value its ranges belong to
+            (``"kv"``, ``"state"``, ``"kv_scale"``...), or None when it is not transferred.
+        rows: whether the leading axis counts tokens or pages (``"auto"``: tokens when it
+            has ``size + page_size`` rows).
+        value_prefix: native attribute naming the width of a value view on the leading
+            columns of this buffer (MLA's ``kv_lora_rank``), or None.
+
+    Example:
+        >>> from kvcompat.adapters import Buffer
+        >>> Buffer("pages", "packed_kv", rows="page")
+        Buffer(attr='pages', role='packed_kv', group='kv', rows='page', value_prefix=None)
+    """
+
+    attr: str
+    role: str
+    group: str | None = "kv"
+    rows: Literal["token", "page", "auto"] = "auto"
+    value_prefix: str | None = None
 
 
 class AdapterBase:
@@ -23,6 +59,8 @@ class AdapterBase:
     __slots__ = ()
     _native: Any
     _name: str
+    buffers: ClassVar[tuple[Buffer, ...]] = ()
+    """The native buffers this adapter's pools keep (see :class:`Buffer`)."""
 
     @property
     def name(self) -> str:

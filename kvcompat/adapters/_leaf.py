@@ -17,7 +17,7 @@ import torch
 
 from kvcompat._errors import LayoutError, NoValueBufferError, WriteError
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
-from kvcompat.adapters._base import AdapterBase
+from kvcompat.adapters._base import AdapterBase, Buffer
 from kvcompat.adapters._io import (
     Impl,
     LayerLayout,
@@ -27,6 +27,7 @@ from kvcompat.adapters._io import (
     write_rows,
 )
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
+from kvcompat.layouts import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE, DSV4_INDEXER_FP8
 
 __all__ = [
     "IndexKeyAdapter",
@@ -82,7 +83,10 @@ class LeafAdapter(AdapterBase):
     """Base of every leaf adapter; subclasses say where the buffers live.
 
     Subclasses set :attr:`kind`, :attr:`source_attr` (the native attribute
-    holding the per-layer buffer list) and implement :meth:`_build`.
+    holding the per-layer buffer list) and :attr:`buffers` (what ``describe`` and the
+    transfer descriptors report), and implement the public hooks
+    :meth:`layer_buffers` (one layer's key and value storage) and, for
+    ``read``/``write``, :meth:`detect_layout` (one layer's byte layouts).
 
     Example:
         >>> import kvcompat
@@ -160,9 +164,47 @@ class LeafAdapter(AdapterBase):
 
     # -- table building ---------------------------------------------------------
 
+    def layer_buffers(
+        self, source: Sequence[torch.Tensor], slot: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Public hook: ``(key, value)`` storage of one slot; value None for key-only pools.
+
+        ``source`` is the native ``source_attr`` list. Return the native tensors
+        themselves (or views of them), never copies. Called when the adapter is built
+        and whenever the native list is replaced.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+            >>> native = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)
+            >>> key, value = kvcompat.adapt(native).layer_buffers(native.k_buffer, 0)
+            >>> key is native.k_buffer[0]
+            True
+        """
+        return self._build(source, slot)
+
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
-        """Return ``(key, value)`` for one storage slot; value None for key-only pools."""
-        raise NotImplementedError
+        msg = f"{type(self).__name__} must implement layer_buffers(source, slot)."
+        raise NotImplementedError(msg)
+
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """Public hook: the byte layouts of one layer's buffers (``read``/``write`` use them).
+
+        The built-in adapters detect them from the pool's attributes and geometry; a new
+        storage scheme returns its :class:`~kvcompat.adapters.LayerLayout` of
+        :mod:`kvcompat.layouts` specs. Raise :class:`~kvcompat.LayoutError` when there
+        is no codec for the layer. Called once per layer (the answer is cached).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceMLATokenToKVPool
+            >>> pool = kvcompat.adapt(ReferenceMLATokenToKVPool(size=16, page_size=16))
+            >>> pool.detect_layout(0, pool.get_key_buffer(0), None).value_dim
+            512
+        """
+        return detect_layouts(self.io_family, self._native, key, value, self._name)
 
     def _refresh(self) -> None:
         source = getattr(self._native, self.source_attr)
@@ -179,7 +221,7 @@ class LeafAdapter(AdapterBase):
         pairs: dict[int, KVPair] = {}
         shared = self.kind.value_aliases_key
         for layer in sorted(self._slots):
-            key, value = self._build(source, self._slots[layer])
+            key, value = self.layer_buffers(source, self._slots[layer])
             keys[layer] = key
             if value is not None:
                 values[layer] = value
@@ -303,7 +345,7 @@ class LeafAdapter(AdapterBase):
         found = self._layouts.get(layer)
         if found is None:
             value = self._values.get(layer)
-            found = detect_layouts(self.io_family, self._native, key, value, self._name)
+            found = self.detect_layout(layer, key, value)
             self._layouts[layer] = found
         return found
 
@@ -632,6 +674,12 @@ class SplitAdapter(LeafAdapter):
     kind = PoolKind.SPLIT
     source_attr = "k_buffer"
     io_family = "split"
+    buffers = (
+        Buffer("k_buffer", "key"),
+        Buffer("v_buffer", "value"),
+        Buffer("k_scale_buffer", "key_scales", group="kv_scale"),
+        Buffer("v_scale_buffer", "value_scales", group="kv_scale"),
+    )
     returns = (
         "``k_buffer[slot]`` viewed as the logical dtype",
         "``v_buffer[slot]`` viewed as the logical dtype",
@@ -659,6 +707,11 @@ class LatentAdapter(LeafAdapter):
     kind = PoolKind.LATENT
     source_attr = "kv_buffer"
     io_family = "latent"
+    buffers = (
+        Buffer("kv_buffer", "latent", rows="token", value_prefix="kv_lora_rank"),
+        Buffer("kv_scale_buffer", "key_scales", group="kv_scale"),
+        Buffer("index_key_cache.buffer", "index_keys", group="state", rows="page"),
+    )
     returns = (
         "the full latent row ``kv_buffer[slot]`` (logical dtype)",
         "its first ``kv_lora_rank`` columns, a view of the same storage",
@@ -691,6 +744,7 @@ class SingleKVAdapter(LeafAdapter):
     kind = PoolKind.SINGLE_KV
     source_attr = "kv_buffer"
     io_family = "single_kv"
+    buffers = (Buffer("kv_buffer", "packed_kv", rows="page"),)
     native_waits = False
     returns = (
         "the packed page-major ``kv_buffer[slot]`` typed as the logical dtype",
@@ -718,6 +772,7 @@ class KeyOnlyAdapter(LeafAdapter):
     kind = PoolKind.KEY_ONLY
     source_attr = "k_buffer"
     io_family = "key_only"
+    buffers: ClassVar[tuple[Buffer, ...]] = (Buffer("k_buffer", "key"),)
     returns = (
         "``k_buffer[slot]`` viewed as the logical dtype",
         "raises ``NoValueBufferError`` (a ``NotImplementedError``)",
@@ -743,6 +798,11 @@ class IndexKeyAdapter(KeyOnlyAdapter):
     source_attr = "index_k_with_scale_buffer"
     native_waits = False
     io_family = "index_key"
+    buffers = (
+        Buffer("index_k_with_scale_buffer", "index_keys", rows="page"),
+        Buffer("index_k_payload_buffer", "index_keys", rows="page"),
+        Buffer("index_k_scale_buffer", "index_scales", rows="page"),
+    )
     returns = (
         "the packed ``uint8`` ``index_k_with_scale_buffer[slot]`` (keys, then scales)",
         "raises ``NoValueBufferError`` (a ``NotImplementedError``)",
@@ -751,3 +811,34 @@ class IndexKeyAdapter(KeyOnlyAdapter):
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
         return source[slot], None
+
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """The indexer layout: fp8 (132 B/token), or fp4 (68 B/token) with ``use_fp4_indexer``.
+
+        The fp4 bytes are written with ties to even when the pool sets ``index_k_rne``.
+
+        Example:
+            >>> from kvcompat.adapters import IndexKeyAdapter
+            >>> IndexKeyAdapter.detect_layout.__name__
+            'detect_layout'
+        """
+        native = self._native
+        if getattr(native, "use_fp4_indexer", None) is not None:
+            if native.use_fp4_indexer:
+                rne = getattr(native, "index_k_rne", False)
+                spec = DSV4_INDEXER_FP4_RNE if rne else DSV4_INDEXER_FP4
+            else:
+                spec = DSV4_INDEXER_FP8
+            page = int(native.page_size)
+            if key.dim() != 2 or key.shape[-1] * key.element_size() != spec.page_bytes(page):
+                msg = (
+                    f"{self._name}: its indexer pages are {tuple(key.shape)} at "
+                    f"page_size={page}; the {spec.name!r} layout has {spec.page_bytes(page)} "
+                    "bytes per page (page_size must be a multiple of 32).\n"
+                    "Hint: read the index keys with SGLang's get_index_k_dequant."
+                )
+                raise LayoutError(msg)
+            return LayerLayout(spec)
+        return super().detect_layout(layer_id, key, value)

@@ -34,6 +34,10 @@ _MEM = "sglang.srt.mem_cache.memory_pool"
 _DSV4 = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 _SWA = "sglang.srt.mem_cache.swa_memory_pool"
 _NPU = "sglang.srt.hardware_backend.npu"
+_HIS = "sglang.srt.mem_cache.hisparse_memory_pool"
+_UNI = "sglang.srt.mem_cache.unified_memory_pool"
+_DRAFT = "sglang.srt.mem_cache.unified_draft_pool"
+_PI = "sglang.srt.mem_cache.page_interleave_pool"
 
 
 def adapt_swa(native: Any) -> KVPoolProtocol:
@@ -164,16 +168,38 @@ def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
     return CompositeAdapter(native, components=components, route=dict.fromkeys(stage, "swa"))
 
 
+# Engine subclasses served by their base's adapter, by class name: they keep the base's
+# buffers (HiSparse pools index the same lists by device slot; Unified pools hold strided
+# views of one shared allocation). Any other sglang subclass of a supported class is
+# refused until it is listed here or registered itself.
+_CHECKED_SUBCLASSES: dict[str, tuple[str, ...]] = {
+    f"{_MEM}.MHATokenToKVPool": (
+        "HiSparseMHAMainPool",
+        "UnifiedMHATokenToKVPool",
+        "UnifiedDraftKVPool",
+    ),
+    f"{_MEM}.MLATokenToKVPool": ("UnifiedMLATokenToKVPool",),
+    f"{_MEM}.DSATokenToKVPool": ("HiSparseDSATokenToKVPool",),
+    f"{_SWA}.SWAKVPool": ("UnifiedSWAKVPool", "UnifiedDraftSWAKVPool"),
+    f"{_MEM}.HybridLinearKVPool": ("UnifiedHybridLinearKVPool", "QSATokenToKVPool"),
+}
+
+
 def _leaf(qualname: str, kind: PoolKind, leaf: type[Any]) -> Family:
-    return Family(qualname, kind, leaf=leaf)
+    return Family(qualname, kind, leaf=leaf, subclasses=_CHECKED_SUBCLASSES.get(qualname, ()))
 
 
 def _composite(qualname: str, build: Any) -> Family:
-    return Family(qualname, PoolKind.COMPOSITE, build=build)
+    return Family(
+        qualname,
+        PoolKind.COMPOSITE,
+        build=build,
+        subclasses=_CHECKED_SUBCLASSES.get(qualname, ()),
+    )
 
 
-def _no(qualname: str, reason: str) -> Family:
-    return Family(qualname, None, reason=reason)
+def _no(qualname: str, reason: str, native: PoolKind | None = None) -> Family:
+    return Family(qualname, None, reason=reason, native_kind=native)
 
 
 SGLANG_CLASSES: tuple[Family, ...] = (
@@ -191,20 +217,24 @@ SGLANG_CLASSES: tuple[Family, ...] = (
     _no(
         f"{_MEM}.NoOpMHATokenToKVPool",
         "it holds placeholder buffers only and stores nothing.",
+        PoolKind.SPLIT,
     ),
     _no(
         f"{_MEM}.PageMajorMHATokenToKVPool",
         "SGLang 0.5.23 cannot construct it (its buffer views were removed).",
+        PoolKind.SPLIT,
     ),
     _no(
         f"{_MEM}.MHATokenToKVPoolFP4",
         "it stores packed e2m1 payloads with separate scales and its getters return "
         "dequantized copies; kvcompat has no codec for that layout yet.",
+        PoolKind.SPLIT,
     ),
     _no(
         f"{_MEM}.MLATokenToKVPoolFP4",
         "its latent rows are packed fp4, so the value prefix view SGLang returns is not "
         "meaningful; kvcompat has no codec for that layout yet.",
+        PoolKind.LATENT,
     ),
     _no(
         "sglang.srt.mem_cache.page_interleave_pool.PageInterleaveKVPoolMixin",
@@ -215,46 +245,98 @@ SGLANG_CLASSES: tuple[Family, ...] = (
         "sglang.srt.mem_cache.dsa_cache_layer_split.LayerSplitDSATokenToKVPool",
         "its getters broadcast non-owned layers over the context-parallel group "
         "(a collective); a uniform view would trigger it.",
+        PoolKind.LATENT,
     ),
     _no(
         f"{_NPU}.memory_pool_npu.NPUMLATokenToKVPool",
-        "on NPU the MLA key is the nope part and the value the rope part, unlike CUDA MLA.",
+        "on NPU the MLA key is the nope part and the value the rope part (two separate "
+        "tensors, so the detectors answer split), unlike CUDA MLA.",
+        PoolKind.SPLIT,
     ),
     _no(
         f"{_NPU}.memory_pool_npu.NPUMHATokenToKVPool",
         "NPU pools (5-D buffers, FIA views) have not been checked against kvcompat.",
+        PoolKind.SPLIT,
     ),
     _no(
         f"{_NPU}.memory_pool_npu.NPUMHATokenToKOnlyPool",
         "NPU pools have not been checked against kvcompat.",
+        PoolKind.KEY_ONLY,
     ),
     _no(
         f"{_NPU}.dsv4.dsv4_memory_pool.NPUDeepSeekV4SingleKVPool",
         "NPU DSv4 pools store bf16 PA_ND rows while reporting the V4 layout.",
+        PoolKind.SINGLE_KV,
     ),
     _no(
         f"{_NPU}.dsv4.dsv4_memory_pool.NPUDeepSeekV4IndexerPool",
         "NPU DSv4 pools have not been checked against kvcompat.",
+        PoolKind.KEY_ONLY,
     ),
     _no(
         f"{_NPU}.dsv4.dsv4_memory_pool.DSV4NPUTokenToKVPool",
         "NPU DSv4 pools have not been checked against kvcompat.",
+        PoolKind.COMPOSITE,
     ),
     _no(
         f"{_MEM}.MiniMaxSparseKVPool",
         "MiniMax sparse pools (dense/main/index routing) are not supported yet.",
+        PoolKind.COMPOSITE,
     ),
     _no(
         "sglang.srt.mem_cache.minimax_m3_nvfp4_pool.MiniMaxM3Nvfp4MainKVPool",
         "packed NVFP4 slab rows are not supported yet.",
+        PoolKind.SPLIT,
     ),
     _no(
         "sglang.srt.mem_cache.minimax_m3_nvfp4_pool.MiniMaxM3Nvfp4IndexKPool",
         "packed NVFP4 slab rows are not supported yet.",
+        PoolKind.KEY_ONLY,
     ),
     _no(
         "sglang.srt.hardware_backend.mlx.model_runner_stub._DummyKVCache",
         "MLX manages its own cache; this class holds no buffers.",
+    ),
+    _no(
+        f"{_MEM}.MHATokenToKVPoolMXFP8",
+        "its float8_e4m3fn K/V rows carry one UE8M0 scale per 32 elements in separate "
+        "scale buffers (interleaved per page when page_size is 128); kvcompat has no codec "
+        "for that layout yet, and treating it as a plain fp8 pool would read unscaled "
+        "values and leave the scales stale on write.",
+        PoolKind.SPLIT,
+    ),
+    *(
+        _no(
+            f"{_PI}.PageInterleave{name}TokenToKVPool",
+            "during a sharded extend its getters return a scratch slot and start an NCCL "
+            "all-gather; a uniform view would either lie or trigger the collective.",
+            kind,
+        )
+        for name, kind in (
+            ("MHA", PoolKind.SPLIT),
+            ("MLA", PoolKind.LATENT),
+            ("DSA", PoolKind.LATENT),
+        )
+    ),
+    _no(
+        "sglang.srt.mem_cache.minimax_m3_nvfp4_pool.MiniMaxM3Nvfp4KVPool",
+        "MiniMax sparse pools (dense/main/index routing, NVFP4 slab rows) are not supported yet.",
+        PoolKind.COMPOSITE,
+    ),
+    _no(
+        f"{_NPU}.memory_pool_npu.NPUMiniMaxSparseKVPool",
+        "MiniMax sparse pools are not supported yet, and NPU pools have not been checked.",
+        PoolKind.COMPOSITE,
+    ),
+    _no(
+        f"{_DSV4}.DeepSeekV4UnifiedKVPool",
+        "the AMD unified_kv store keeps the sliding-window ring and the compressed rows in "
+        "one [rows, 512] buffer per layer (bf16, or fp8 with a separate rope buffer); "
+        "kvcompat has no adapter for that row addressing yet.",
+    ),
+    _no(
+        "sglang.srt.mem_cache.base_swa_memory_pool.BaseSWAKVPool",
+        "it is an abstract base of the sliding-window pools and holds no buffers itself.",
     ),
     _no(
         f"{_MEM}.KVCache",

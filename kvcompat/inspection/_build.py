@@ -1,8 +1,9 @@
 """Building manifest nodes from a native object: the pieces every describer shares.
 
 Attribute reads only, through :mod:`kvcompat.inspection._static`. A leaf pool
-is described from its family's buffer lists (:data:`_LEAF_SPECS`); whatever
-else it holds that is a tensor becomes an ``opaque`` entry.
+is described from the buffers its adapter declares (``LeafAdapter.buffers``, see
+:class:`kvcompat.adapters.Buffer`); whatever else it holds that is a tensor becomes
+an ``opaque`` entry.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any, Literal
 import torch
 
 from kvcompat._errors import KVCompatError
-from kvcompat._protocol import KVPoolProtocol
+from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, family_of, qualified_name
 from kvcompat.adapters import (
+    Buffer,
     IndexKeyAdapter,
     KeyOnlyAdapter,
     LatentAdapter,
@@ -252,49 +254,35 @@ class _Part:
     value_prefix: str | None = None  # attribute naming the width of a value prefix view
 
 
-_LEAF_SPECS: tuple[tuple[type[LeafAdapter], Role, tuple[_Part, ...]], ...] = (
-    (
-        IndexKeyAdapter,
-        Role.INDEX_KEYS,
-        (
-            _Part("index_k_with_scale_buffer", Role.INDEX_KEYS, rows="page"),
-            _Part("index_k_payload_buffer", Role.INDEX_KEYS, rows="page"),
-            _Part("index_k_scale_buffer", Role.INDEX_SCALES, rows="page"),
-        ),
-    ),
-    (KeyOnlyAdapter, Role.KEY, (_Part("k_buffer", Role.KEY),)),
-    (
-        SplitAdapter,
-        Role.KEY_VALUE,
-        (
-            _Part("k_buffer", Role.KEY),
-            _Part("v_buffer", Role.VALUE),
-            _Part("k_scale_buffer", Role.KEY_SCALES, group=TransferGroup.KV_SCALE),
-            _Part("v_scale_buffer", Role.VALUE_SCALES, group=TransferGroup.KV_SCALE),
-        ),
-    ),
-    (
-        LatentAdapter,
-        Role.LATENT,
-        (
-            _Part("kv_buffer", Role.LATENT, rows="token", value_prefix="kv_lora_rank"),
-            _Part("kv_scale_buffer", Role.KEY_SCALES, group=TransferGroup.KV_SCALE),
-            _Part(
-                "index_key_cache.buffer", Role.INDEX_KEYS, group=TransferGroup.STATE, rows="page"
-            ),
-        ),
-    ),
-    (SingleKVAdapter, Role.PACKED_KV, (_Part("kv_buffer", Role.PACKED_KV, rows="page"),)),
-)
+def _part(declared: Buffer, owner: type) -> _Part:
+    try:
+        role = Role(declared.role)
+        group = None if declared.group is None else TransferGroup(declared.group)
+    except ValueError:
+        msg = (
+            f"{owner.__qualname__}.buffers declares {declared!r}: role must be one of "
+            f"{[r.value for r in Role]} and group one of {[g.value for g in TransferGroup]} "
+            "(or None)."
+        )
+        raise KVCompatError(msg) from None
+    return _Part(declared.attr, role, group, declared.rows, declared.value_prefix)
 
 
-def _leaf_spec(family: Family | None) -> tuple[Role, tuple[_Part, ...]] | None:
-    if family is None or family.leaf is None:
+def _leaf_spec(
+    family: Family | None, leaf: type[LeafAdapter] | None = None
+) -> tuple[Role, tuple[_Part, ...]] | None:
+    """The node role and buffers a leaf adapter class declares (``LeafAdapter.buffers``).
+
+    ``leaf`` is the adapter actually serving the pool (when one was given), else the
+    family's.
+    """
+    if leaf is None:
+        leaf = None if family is None else family.leaf
+    if leaf is None or not leaf.buffers:
         return None
-    for leaf, role, parts in _LEAF_SPECS:
-        if issubclass(family.leaf, leaf):
-            return role, parts
-    return None
+    parts = tuple(_part(declared, leaf) for declared in leaf.buffers)
+    role = Role.KEY_VALUE if leaf.kind is PoolKind.SPLIT else parts[0].role
+    return role, parts
 
 
 def _standalone_slots(native: Any, buffers: Any) -> dict[int, int]:
@@ -316,10 +304,15 @@ def leaf_node(
     order: int = 0,
     role: Role | None = None,
     extra: Mapping[str, Scalar] | None = None,
+    leaf: type[LeafAdapter] | None = None,
 ) -> PoolManifest:
-    """A leaf pool: its per-layer buffers (by family), then unknown tensors as opaque parts."""
+    """A leaf pool: its declared buffers, then unknown tensors as opaque parts.
+
+    The buffers are those ``leaf`` (the adapter class serving the pool) declares, or
+    the pool's family's adapter when no adapter was given.
+    """
     family = family_of(native)
-    spec = _leaf_spec(family)
+    spec = _leaf_spec(family, leaf)
     if spec is None:
         return opaque_node(walk, native, name=name, path=path, role=role)
     node_role, parts = spec

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcompat._compat._marker import unwrap_proxy
 from kvcompat._errors import UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, adapt, family_of, qualified_name
@@ -60,9 +61,12 @@ def _node(
     if family is not None and family.kind is PoolKind.COMPOSITE:
         composite = adapter if adapter is not None else adapt(native)
         return _composite_node(walk, native, composite, family, name=name, path=path)
+    if isinstance(adapter, LeafAdapter) and adapter.native is native:  # its own declarations
+        return leaf_node(
+            walk, native, name=name, path=path, slots=adapter.storage_slots, leaf=type(adapter)
+        )
     if family is not None and family.leaf is not None:
-        slots = adapter.storage_slots if isinstance(adapter, LeafAdapter) else None
-        return leaf_node(walk, native, name=name, path=path, slots=slots)
+        return leaf_node(walk, native, name=name, path=path)
     return opaque_node(walk, native, name=name, path=path, adapter=adapter)
 
 
@@ -90,6 +94,7 @@ def _composite_node(
                     path=where,
                     slots=part.storage_slots,
                     regroup=regroups.get(part_name),
+                    leaf=type(part),
                 )
             )
         else:
@@ -221,5 +226,5 @@ def describe(pool: Any) -> PoolManifest:
            v_buffer[0]  value  layer 0  bfloat16[32, 1, 128]  8.0 KiB  cpu
            v_buffer[1]  value  layer 1  bfloat16[32, 1, 128]  8.0 KiB  cpu
     """
-    native, adapter, name = _resolve(pool)
+    native, adapter, name = _resolve(unwrap_proxy(pool))
     return _node(Walk(), native, adapter, name=name, path="")

@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvcompat._errors import LayoutError
+from kvcompat._protocol import Impl
 from kvcompat.layouts._addressing import gather_rows, scatter_rows
 from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._validate import check_read, check_write
@@ -29,8 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Impl", "dequantize", "quantize"]
 
-Impl = Literal["auto", "torch", "triton"]
-"""Which implementation runs a read or write: see :func:`dequantize`."""
+# Defined once, in kvcompat._protocol (re-exported here for the codec's callers).
 
 CPU_CHUNK_TOKENS = 4096
 """On CPU, tokens are encoded and decoded this many at a time, so that the fp32

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from kvcompat._errors import LayoutError
 from kvcompat.layouts._spec import LayoutSpec
 from kvcompat.layouts.dsa_fp8 import DSA_FP8
+from kvcompat.layouts.dsv4_indexer_fp4 import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE
+from kvcompat.layouts.dsv4_indexer_fp8 import DSV4_INDEXER_FP8
 from kvcompat.layouts.dsv4_uniform_fp8 import UNIFORM_FP8
 from kvcompat.layouts.dsv4_v4 import V4
 from kvcompat.layouts.dsv4_v41 import V41, V41_NEW
@@ -21,9 +23,24 @@ if TYPE_CHECKING:
 __all__ = ["LAYOUTS", "get_layout"]
 
 LAYOUTS: Mapping[str, LayoutSpec] = MappingProxyType(
-    {spec.name: spec for spec in (V4, V41, V41_FP4, UNIFORM_FP8, V41_NEW, V41_FP4_NEW, DSA_FP8)}
+    {
+        spec.name: spec
+        for spec in (
+            V4,
+            V41,
+            V41_FP4,
+            UNIFORM_FP8,
+            V41_NEW,
+            V41_FP4_NEW,
+            DSA_FP8,
+            DSV4_INDEXER_FP4,
+            DSV4_INDEXER_FP4_RNE,
+            DSV4_INDEXER_FP8,
+        )
+    }
 )
-"""The named layouts, by name (SGLang's ``KVLayout`` values plus ``"dsa_fp8"``)."""
+"""The named layouts, by name (SGLang's ``KVLayout`` values, ``"dsa_fp8"`` and the
+DeepSeek-V4 indexer-key layouts)."""
 
 
 def _layout_name(layout: object) -> str | None:

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Literal, Protocol, overload
 from kvcompat._errors import LayoutError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+
+    ErrorBound = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """``max_error(x, scale_rows) -> per-value bound`` (see ``LayoutSpec.max_error``)."""
 
 __all__ = ["Encoding", "LayoutSpec", "Region", "RowCodec", "Segment", "SegmentRole"]
 
@@ -203,6 +208,11 @@ class LayoutSpec:
         segments: the byte map of the data and scale rows.
         error_bound: the documented write-then-read error bound, in words.
         codec: the per-token arithmetic (not part of equality or hashing).
+        max_error: the error bound as a function, where the layout declares one:
+            ``max_error(x, scale)`` takes fp32 values ``[n, dim]`` and the stored scale
+            rows ``[n, scale_bytes]`` (uint8) and returns the per-value bound on
+            ``|dequantize(quantize(x)) - x|`` for finite ``x``; the round-trip tests and
+            :func:`kvcompat.testing.check_pool` use it (not part of equality or hashing).
 
     Example:
         >>> from kvcompat.layouts import V4
@@ -231,6 +241,7 @@ class LayoutSpec:
     segments: tuple[Segment, ...]
     error_bound: str
     codec: RowCodec = field(compare=False, hash=False, repr=False)
+    max_error: ErrorBound | None = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         for region, size in (("data", self.data_bytes), ("scale", self.scale_bytes)):

@@ -1,6 +1,9 @@
 """Test helpers: pure-torch reference pools with SGLang 0.5.23's behaviour.
 
-Use them to test code against the uniform API without installing SGLang. They
+:func:`check_pool` checks a pool or adapter (yours included) against kvcompat's
+promises and reports every failure.
+
+Use the reference pools to test code against the uniform API without installing SGLang. They
 are proven equal to the real classes (shapes, dtypes, page geometry,
 exceptions and messages) by kvcompat's conformance tests.
 
@@ -13,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from kvcompat.testing._check import CheckFailure, PoolCheckError, PoolReport, check_pool
 from kvcompat.testing._reference import (
     KVLayout,
     RecordingLayerCounter,
@@ -24,11 +28,15 @@ from kvcompat.testing._reference import (
 )
 
 __all__ = [
+    "CheckFailure",
     "KVLayout",
+    "PoolCheckError",
+    "PoolReport",
     "RecordingLayerCounter",
     "ReferenceDeepSeekV4SingleKVPool",
     "ReferenceMHATokenToKVPool",
     "ReferenceMLATokenToKVPool",
     "ReferenceSWAKVPool",
+    "check_pool",
     "reference_swa_pool",
 ]

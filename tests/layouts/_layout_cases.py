@@ -25,10 +25,13 @@ from kvcompat.layouts import (
     mha_layout,
     mla_layout,
 )
+from kvcompat.layouts._registry import LAYOUTS
 
 DSV4_LAYOUTS: tuple[LayoutSpec, ...] = (V4, V41, V41_FP4, UNIFORM_FP8, V41_NEW, V41_FP4_NEW)
+# The registry drives the parametrizations: a layout added to LAYOUTS is tested here
+# (geometry, round trips, validation, numerics) without touching this file.
+NAMED_LAYOUTS: tuple[LayoutSpec, ...] = tuple(LAYOUTS.values())
 ROW_LAYOUTS: tuple[LayoutSpec, ...] = (
-    DSA_FP8,
     dsa_fp8_layout(256, 0),
     mha_layout(2, 8, torch.bfloat16),
     mha_layout(4, 16, torch.float8_e4m3fn),
@@ -37,7 +40,9 @@ ROW_LAYOUTS: tuple[LayoutSpec, ...] = (
     mla_layout(64, 0, torch.float8_e5m2),
     mla_layout(16, 8, torch.float32),
 )
-ALL_LAYOUTS = DSV4_LAYOUTS + ROW_LAYOUTS
+ALL_LAYOUTS = NAMED_LAYOUTS + ROW_LAYOUTS
+assert set(DSV4_LAYOUTS) <= set(NAMED_LAYOUTS)
+assert DSA_FP8 in NAMED_LAYOUTS
 
 
 def layout_id(spec: LayoutSpec) -> str:

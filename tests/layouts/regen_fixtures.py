@@ -20,33 +20,24 @@ from pathlib import Path
 import torch
 
 from kvcompat.layouts import (
-    DSA_FP8,
-    UNIFORM_FP8,
     V4,
-    V41,
-    V41_FP4,
-    V41_FP4_NEW,
-    V41_NEW,
     LayoutSpec,
     dequantize,
     mha_layout,
     mla_layout,
     quantize,
 )
+from kvcompat.layouts._registry import LAYOUTS
 
 FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 PAGE_SIZE = 2
 ROWS = 3  # pages (or token-major rows x 2)
 
+# Every registered layout has a fixture named after it (a new layout module gets one by
+# running this script), plus the variants no name covers.
 CASES: dict[str, tuple[LayoutSpec, bool]] = {
-    "v4": (V4, False),
+    **{name: (spec, False) for name, spec in LAYOUTS.items()},
     "v4_fnuz": (V4, True),
-    "v41": (V41, False),
-    "v41_new": (V41_NEW, False),
-    "v41_fp4": (V41_FP4, False),
-    "v41_fp4_new": (V41_FP4_NEW, False),
-    "uniform_fp8": (UNIFORM_FP8, False),
-    "dsa_fp8": (DSA_FP8, False),
     "mha_2x8_e4m3fn": (mha_layout(2, 8, torch.float8_e4m3fn), False),
     "mla_32+16_bf16": (mla_layout(32, 16, torch.bfloat16), False),
 }

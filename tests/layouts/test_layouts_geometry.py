@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import pkgutil
 import subprocess
 import sys
 
@@ -248,6 +249,9 @@ def test_row_layout_factories() -> None:
 
 EXPECTED_ALL = [
     "DSA_FP8",
+    "DSV4_INDEXER_FP4",
+    "DSV4_INDEXER_FP4_RNE",
+    "DSV4_INDEXER_FP8",
     "UNIFORM_FP8",
     "V4",
     "V41",
@@ -272,7 +276,7 @@ EXPECTED_ALL = [
 def test_all_is_pinned() -> None:
     assert layouts.__all__ == EXPECTED_ALL
     public = {name for name in vars(layouts) if not name.startswith("_")}
-    modules = {"dsa_fp8", "dsv4_uniform_fp8", "dsv4_v4", "dsv4_v41", "dsv4_v41_fp4", "mha", "mla"}
+    modules = {info.name for info in pkgutil.iter_modules(layouts.__path__)}
     assert public - modules - {"annotations"} == set(EXPECTED_ALL)
 
 

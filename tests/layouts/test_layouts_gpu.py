@@ -26,6 +26,9 @@ from _layout_cases import ALL_LAYOUTS, layout_id, tile_values
 
 from kvcompat.layouts import (
     DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -172,6 +175,25 @@ def test_sglang_cuda_store_is_reproduced(
     assert torch.equal(ours, theirs), int((ours != theirs).sum())
 
 
+@pytest.mark.sglang
+@pytest.mark.parametrize("non_finite", [False, True], ids=["finite", "non-finite"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_sglang_cuda_indexer_store_is_reproduced(
+    store_harness: Path, tmp_path: Path, dtype: torch.dtype, non_finite: bool
+) -> None:
+    """``fused_store_indexer_cache`` (fp8 indexer keys, 132 B/token) at P = 64."""
+    spec, page_bits = DSV4_INDEXER_FP8, 6
+    page_size, rows = 1 << page_bits, 4
+    n = 160
+    values = special_values(spec, n, seed=8, dtype=dtype, non_finite=non_finite)
+    loc = torch.randperm(rows * page_size, generator=torch.Generator().manual_seed(6))[:n]
+    cache = torch.randint(0, 256, (rows, spec.page_bytes(page_size)), dtype=torch.uint8)
+    theirs = run_store(store_harness, tmp_path, spec.name, page_bits, values, loc, cache.clone())
+    ours = cache.clone()
+    quantize(spec, values, ours, loc, page_size, check_finite=not non_finite)
+    assert torch.equal(ours, theirs), int((ours != theirs).sum())
+
+
 # ------------------------------------------------------------- SGLang's Triton kernels
 
 
@@ -234,3 +256,19 @@ def test_uniform_fp8_twin_is_the_torch_cast_on_cuda() -> None:
     buf = torch.zeros(1, UNIFORM_FP8.page_bytes(16), dtype=torch.uint8, device="cuda")
     quantize(UNIFORM_FP8, values, buf, torch.arange(16, device="cuda"), 16)
     assert torch.equal(buf.view(16, 512), values.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("non_finite", [False, True], ids=["finite", "non-finite"])
+@pytest.mark.parametrize("spec", [DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE], ids=layout_id)
+def test_sglang_triton_fp4_indexer_store_is_reproduced(spec: LayoutSpec, non_finite: bool) -> None:
+    """``store_fp4_index_k_cache`` with real GPU rounding (``amax / 6``, NaN handling)."""
+    store = _import("sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache").store_fp4_index_k_cache
+    page_size, rows, n = 64, 4, 160
+    values = special_values(spec, n, seed=9, dtype=torch.bfloat16, non_finite=non_finite).cuda()
+    loc = torch.randperm(rows * page_size, generator=torch.Generator().manual_seed(2))[:n].cuda()
+    theirs = torch.zeros(rows, spec.page_bytes(page_size), dtype=torch.uint8, device="cuda")
+    store(values, theirs, loc, page_size=page_size, rne=spec is DSV4_INDEXER_FP4_RNE)
+    ours = torch.zeros_like(theirs)
+    quantize(spec, values, ours, loc, page_size, check_finite=not non_finite)
+    assert torch.equal(ours.cpu(), theirs.cpu()), int((ours != theirs).sum())

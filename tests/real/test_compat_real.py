@@ -1,6 +1,9 @@
-"""The compat proxy over SGLang 0.5.23's own pools: native writers' bytes, KVWriteLoc routing."""
+"""The compat proxy over SGLang 0.5.23's own pools: native tensors or logical views, native
+writers' bytes, KVWriteLoc routing, and a proxy every kvcompat entry point sees through."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -10,71 +13,216 @@ from _sglang.cases import CONFORMANCE_CASES, PoolCase
 from _sglang.env import prepare_sglang
 
 import kvcompat
+from kvcompat.compat import CompatViewError, LogicalView
+from kvcompat.inspection import describe, memory_report, transfer_descriptors
+
+_CASES = [pytest.param(c, id=c.id) for c in CONFORMANCE_CASES]
+_NO_VALUES = ("key_only", "index")
+
+
+def _write_loc(**kwargs: Any) -> Any:
+    return prepare_sglang().memory_pool.KVWriteLoc(**kwargs)
+
+
+def _model_value_dim(case: PoolCase, native: Any) -> int | None:
+    """The value head dim the model has (what a v_head_dim probe must return)."""
+    if case.family in _NO_VALUES:
+        return None
+    if case.family == "latent":
+        return int(native.kv_lora_rank)
+    if case.family in ("single", "dsv4_token"):
+        return 512  # DeepSeek-V4: 448 nope + 64 rope, one latent for K and V
+    if case.family == "split":
+        return int(native.v_head_dim)
+    return b.HEAD_DIM
 
 
 def test_swa_pool_with_sglangs_own_kv_write_loc() -> None:
-    write_loc_cls = prepare_sglang().memory_pool.KVWriteLoc
     ours, theirs = b.build_swa_pool(), b.build_swa_pool()
     k = torch.randn(2, 2, 8).to(torch.bfloat16)
     v = torch.randn(2, 2, 8).to(torch.bfloat16)
-    loc = write_loc_cls(torch.tensor([10, 50]), swa_loc=torch.tensor([3, 4]))
+    loc = _write_loc(loc=torch.tensor([10, 50]), swa_loc=torch.tensor([3, 4]))
     for layer_id in (0, 1):  # a sliding-window layer, then a full-attention layer
         theirs.set_kv_buffer(radix_layer(layer_id), loc, k.clone(), v.clone())
         kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), loc, k, v)
+    _assert_same_swa_bytes(ours, theirs)
+
+
+def test_swa_pool_plain_loc_is_translated_as_sglangs_backends_do() -> None:
+    ours, theirs = b.build_swa_pool(), b.build_swa_pool()
+    mapping = torch.full((64 + 16 + 1,), -1, dtype=torch.int64)
+    mapping[:48] = torch.randperm(48, generator=torch.Generator().manual_seed(0))
+    for pool in (ours, theirs):
+        pool.register_mapping(mapping)
+    k = torch.randn(2, 2, 8).to(torch.bfloat16)
+    v = torch.randn(2, 2, 8).to(torch.bfloat16)
+    full = torch.tensor([10, 40])
+    swa = theirs.translate_loc_from_full_to_swa(full)
+    for layer_id in (0, 1, 2):
+        theirs.set_kv_buffer(radix_layer(layer_id), _write_loc(loc=full, swa_loc=swa), k, v)
+        kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), full, k, v)
+        kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), _write_loc(loc=full), k, v)
+    _assert_same_swa_bytes(ours, theirs)
+
+
+def _assert_same_swa_bytes(ours: Any, theirs: Any) -> None:
     for side in ("full_kv_pool", "swa_kv_pool"):
         for attr in ("k_buffer", "v_buffer"):
-            for mine, native in zip(
-                getattr(getattr(ours, side), attr),
-                getattr(getattr(theirs, side), attr),
-                strict=True,
-            ):
-                assert torch.equal(mine, native), f"{side}.{attr}"
+            mine = getattr(getattr(ours, side), attr)
+            native = getattr(getattr(theirs, side), attr)
+            for a, c in zip(mine, native, strict=True):
+                assert torch.equal(a, c), f"{side}.{attr}"
+
+
+def test_dsv4_token_pool_plain_loc_goes_to_the_translated_swa_slots() -> None:
+    ours, theirs = b.build_dsv4_token_pool(), b.build_dsv4_token_pool()
+    mapping = torch.arange(513, dtype=torch.int64).roll(7)
+    mapping[-1] = -1
+    ours.register_mapping(mapping)
+    keys = torch.randn(3, 1, 512).to(torch.bfloat16)
+    full = torch.tensor([20, 21, 300])
+    for layer_id in (0, 1, 2):  # ratio 0, c4 and c128 layers: all keep their window in swa
+        kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), full, keys, keys)
+        kvcompat.adapt(theirs).write(layer_id, mapping[full], keys)
+    for a, c in zip(ours.swa_kv_pool.kv_buffer, theirs.swa_kv_pool.kv_buffer, strict=True):
+        assert torch.equal(a.view(torch.uint8), c.view(torch.uint8))
 
 
 @pytest.mark.parametrize(
     "build", [b.build_dsv4_single_pool, b.build_hisparse_c4_pool, b.build_dsv4_token_pool]
 )
-def test_dsv4_pools_run_an_unported_backend(build: object) -> None:
-    native = build()  # type: ignore[operator]
+def test_dsv4_pools_run_an_unported_backend(build: Any) -> None:
+    native = build()
     pool = kvcompat.compat(native)
     layer_id = pool.kvcompat.layer_ids[-1]
     k, v = pool.get_kv_buffer(layer_id)
     assert k is v
-    assert pool.get_value_buffer(layer_id).shape == k.shape
+    assert isinstance(k, LogicalView)
+    assert k.shape[1:] == (1, 512)
+    assert pool.get_value_buffer(layer_id).shape[-1] == 512
     keys = torch.randn(2, 1, 512).to(torch.bfloat16)
     loc: object = torch.tensor([5, 6])
     if kvcompat.is_composite_pool(native):
-        loc = prepare_sglang().memory_pool.KVWriteLoc(torch.tensor([99, 98]), swa_loc=loc)
+        loc = _write_loc(loc=torch.tensor([99, 98]), swa_loc=loc)
+    if build is b.build_hisparse_c4_pool:  # compressed loc 2, 3 -> device slots 5, 6
+        with pytest.raises(kvcompat.WriteError, match="no compressed->device mapping"):
+            pool.set_kv_buffer(radix_layer(layer_id), torch.tensor([2, 3]), keys, None)
+        native.register_mapping(torch.tensor([0, 9, 5, 6, 7]))
+        loc = torch.tensor([2, 3])
     pool.set_kv_buffer(radix_layer(layer_id), loc, keys, None)
-    back = pool.kvcompat.read(layer_id, torch.tensor([5, 6]))
+    back = k[torch.tensor([5, 6])]
+    assert torch.equal(back, pool.kvcompat.read(layer_id, torch.tensor([5, 6])))
     assert (back.float() - keys.float()).abs().max() <= keys.float().abs().max() / 16
+    with pytest.raises(CompatViewError, match=r"Tensor\.view\(\)"):
+        k.view(k.shape[0], -1)  # what SGLang's fused-write helpers do with the buffer
 
 
-@pytest.mark.parametrize("case", CONFORMANCE_CASES, ids=[c.id for c in CONFORMANCE_CASES])
-def test_proxy_getters_and_writer_on_every_conformance_case(case: PoolCase) -> None:
+@pytest.mark.parametrize("case", _CASES)
+def test_getters_are_native_tensors_or_logical_views(case: PoolCase) -> None:
     native = case.build()
     pool = kvcompat.compat(native)
     adapter = pool.kvcompat
     for layer_id in case.layer_ids:
-        assert pool.get_key_buffer(layer_id) is adapter.get_key_buffer(layer_id), case.id
-        if adapter.kind.has_values:
-            assert pool.get_kv_buffer(layer_id) is adapter.get_kv_buffer(layer_id), case.id
-            assert pool.get_value_buffer(layer_id) is adapter.get_value_buffer(layer_id)
+        key = pool.get_key_buffer(layer_id)
+        storage = adapter.get_key_buffer(layer_id)
+        if not isinstance(key, LogicalView):
+            assert case.family not in ("single", "dsv4_token", "index"), case.id
+            assert key is storage, case.id
+            if adapter.kind.has_values:
+                assert pool.get_kv_buffer(layer_id) is adapter.get_kv_buffer(layer_id)
+                assert pool.get_value_buffer(layer_id) is adapter.get_value_buffer(layer_id)
+            continue
+        assert key.storage_tensor is storage, case.id
+        if case.family != "index":
+            loc = torch.tensor([3, 4, 1])
+            adapter.write(layer_id, loc, torch.randn(3, 1, key.shape[-1]).to(torch.bfloat16))
+            assert torch.equal(key[loc], adapter.read(layer_id, loc)), case.id
         else:
+            with pytest.raises(kvcompat.LayoutError, match="indexer"):
+                _ = key[torch.tensor([1])]
+
+
+@pytest.mark.parametrize("case", _CASES)
+def test_every_shape_probe_returns_the_models_dimensions(case: PoolCase) -> None:
+    native = case.build()
+    pool = kvcompat.compat(native)
+    value_dim = _model_value_dim(case, native)
+    for layer_id in case.layer_ids:
+        key = pool.get_key_buffer(layer_id)
+        if case.family in ("single", "dsv4_token"):
+            assert key.shape[1:] == (1, 512), case.id
+        if case.family == "index":
+            assert key.shape[1:] == (1, native.index_head_dim), case.id
+        if value_dim is None:
             with pytest.raises(kvcompat.NoValueBufferError):
                 pool.get_value_buffer(layer_id)
-    if case.family == "index":
-        return  # no codec for indexer keys yet: set_kv_buffer says so (LayoutError)
-    layer_id = case.layer_ids[-1]
-    spec = adapter.layout(layer_id)
-    keys = torch.randn(2, spec.key.heads, spec.key.dim // spec.key.heads).to(torch.bfloat16)
-    values = None
-    if spec.value is not None:
-        values = torch.randn(2, spec.value.heads, spec.value.dim // spec.value.heads)
-    loc: object = torch.tensor([3, 4])
-    if adapter.kind is kvcompat.PoolKind.COMPOSITE:
-        loc = prepare_sglang().memory_pool.KVWriteLoc(torch.tensor([3, 4]), swa_loc=loc)
-    pool.set_kv_buffer(radix_layer(layer_id), loc, keys, values)
-    back = adapter.read(layer_id, torch.tensor([3, 4]))
-    bound = keys.float().abs().max() / 4  # the coarsest layout here (fp8 rows) stays within
-    assert (back.float() - keys.float()).abs().max() <= bound, case.id
+            continue
+        assert pool.get_value_buffer(layer_id).shape[-1] == value_dim, case.id
+        k, v = pool.get_kv_buffer(layer_id)
+        assert (k.shape, v.shape) == (key.shape, pool.get_value_buffer(layer_id).shape)
+    # SGLang's own helper, calling get_kv_buffer(self.start_layer) on the proxy:
+    start = getattr(native, "start_layer", 0) or 0
+    if value_dim is None:
+        with pytest.raises(kvcompat.NoValueBufferError):
+            pool.get_kv_buffer_shape()
+    elif case.family == "swa" and start not in case.layer_ids:
+        # SWAKVPool hard-codes start_layer = 0; a stage serving layers 4..7 has no layer 0
+        # (natively a KeyError from layers_mapping).
+        with pytest.raises(kvcompat.LayerOutOfRangeError):
+            pool.get_kv_buffer_shape()
+    else:
+        k_shape, v_shape = pool.get_kv_buffer_shape()
+        assert v_shape[-1] == value_dim, case.id
+        if case.family in ("single", "dsv4_token"):
+            assert k_shape[1:] == (1, 512)
+
+
+@pytest.mark.parametrize("case", _CASES)
+def test_the_proxy_is_transparent_to_isinstance_detectors_and_inspection(case: PoolCase) -> None:
+    native = case.build()
+    pool = kvcompat.compat(native)
+    assert isinstance(pool, type(native))
+    assert kvcompat.pool_kind(pool) is kvcompat.pool_kind(native)
+    for detector in (
+        kvcompat.is_single_kv_pool, kvcompat.is_split_kv_pool, kvcompat.is_latent_pool,
+        kvcompat.is_key_only_pool, kvcompat.is_composite_pool, kvcompat.is_supported_pool,
+    ):  # fmt: skip
+        assert detector(pool) == detector(native), detector.__name__
+    assert kvcompat.adapt(pool) is pool.kvcompat
+    assert describe(pool).to_dict() == describe(native).to_dict()
+    assert memory_report(pool) == memory_report(native)
+    assert transfer_descriptors(pool) == transfer_descriptors(native)
+
+
+def test_kv_canary_registry_accepts_the_proxy() -> None:
+    prepare_sglang()
+    from sglang.srt.kv_canary.pool_patcher import api
+
+    for build in (b.build_mha_pool, b.build_swa_pool, b.build_dsv4_token_pool):
+        native = build()
+        proxy = kvcompat.compat(native)
+        attacher = api._POOL_ATTACHERS.get(type(proxy))
+        assert attacher is api._POOL_ATTACHERS[type(native)], build.__name__
+
+
+def test_sglangs_fused_write_helper_through_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    prepare_sglang()
+    import sglang.srt.models.utils as model_utils
+
+    layer = radix_layer(0)
+    layer.k_scale = layer.v_scale = None
+    batch = type("Batch", (), {"out_cache_loc": torch.tensor([1, 2])})()
+    value = torch.zeros(2, 16)
+    native = b.build_mha_pool()
+    monkeypatch.setattr(model_utils, "get_token_to_kv_pool", lambda: native)
+    expected = model_utils.create_fused_set_kv_buffer_arg(value, layer, batch)
+    monkeypatch.setattr(model_utils, "get_token_to_kv_pool", lambda: kvcompat.compat(native))
+    got = model_utils.create_fused_set_kv_buffer_arg(value, layer, batch)
+    assert got.k_buffer.data_ptr() == expected.k_buffer.data_ptr()
+    assert got.v_buffer.data_ptr() == expected.v_buffer.data_ptr()
+    v4 = kvcompat.compat(b.build_dsv4_single_pool())
+    monkeypatch.setattr(model_utils, "get_token_to_kv_pool", lambda: v4)
+    with pytest.raises(
+        CompatViewError, match=r"Tensor\.view\(\)"
+    ):  # was: token-row args over pages
+        model_utils.create_fused_set_kv_buffer_arg(value, layer, batch)

@@ -71,12 +71,16 @@ def test_layout_is_detected_and_round_trips(case: PoolCase) -> None:
             assert torch.equal(stored.float(), value.to(pool.dtype).float()), case.id
 
 
-def test_indexer_pools_say_there_is_no_codec_yet() -> None:
-    pool = kvcompat.adapt(b.build_dsv4_indexer_pool())
-    with pytest.raises(kvcompat.LayoutError, match="indexer-key layout"):
-        pool.layout(0)
-    with pytest.raises(kvcompat.LayoutError):
-        pool.write(0, torch.tensor([1]), torch.zeros(1, 1, 128))
+@pytest.mark.parametrize(("fp4", "name"), [(False, "dsv4_indexer_fp8"), (True, "dsv4_indexer_fp4")])
+def test_indexer_pools_are_read_and_written_with_the_indexer_layouts(fp4: bool, name: str) -> None:
+    native = b.build_dsv4_indexer_pool(use_fp4_indexer=fp4)
+    pool = kvcompat.adapt(native)
+    assert pool.layout(0).key.name == name
+    loc = torch.tensor([1, 70])
+    keys = torch.randn(2, 1, 128, dtype=torch.bfloat16)
+    pool.write(0, loc, keys)
+    back = pool.read(0, loc).float()
+    assert ((back - keys.float()).abs() <= keys.float().abs().amax() / 4).all()
 
 
 def test_uniform_fp8_pool_is_detected_by_geometry_not_by_its_v4_label() -> None:

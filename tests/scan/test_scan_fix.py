@@ -16,53 +16,63 @@ def fixed(source: str) -> str:
     return text
 
 
+def strip_header(text: str, newline: str = "\n") -> str:
+    """The fixed text without the import line and helper block the fixer adds."""
+    prefix = f"import kvcompat{newline}"
+    if text.startswith(prefix):
+        text = text[len(prefix) :]
+    if text.startswith("# Added by `kvcompat scan --fix`"):
+        last = text.rindex("\ndef _kvcompat_")
+        end = text.index(f"{newline}{newline}{newline}", last) + 3 * len(newline)
+        text = text[end:]
+    return text
+
+
 def body(source: str) -> str:
-    """The fixed text without the import line the fixer adds at the top."""
+    """The fixed text without the import line and helpers the fixer adds at the top."""
     text = fixed(source)
-    prefix = "import kvcompat\n"
-    assert text.startswith(prefix)
-    return text[len(prefix) :]
+    assert text.startswith("import kvcompat\n")
+    return strip_header(text)
 
 
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("pool.get_value_buffer(0)\n", "kvcompat.adapt(pool).get_value_buffer(0)\n"),
-        ("k, v = p.get_kv_buffer(i)\n", "k, v = kvcompat.adapt(p).get_kv_buffer(i)\n"),
+        ("pool.get_value_buffer(0)\n", "_kvcompat_get_value_buffer(pool, 0)\n"),
+        ("k, v = p.get_kv_buffer(i)\n", "k, v = _kvcompat_get_kv_buffer(p, i)\n"),
         (
             "self.runner.token_to_kv_pool.get_kv_buffer(layer.layer_id)\n",
-            "kvcompat.adapt(self.runner.token_to_kv_pool).get_kv_buffer(layer.layer_id)\n",
+            "_kvcompat_get_kv_buffer(self.runner.token_to_kv_pool, layer.layer_id)\n",
         ),
-        ("get_pool().get_kv_buffer(0)\n", "kvcompat.adapt(get_pool()).get_kv_buffer(0)\n"),
-        ("(a or b).get_kv_buffer(0)\n", "(kvcompat.adapt(a or b)).get_kv_buffer(0)\n"),
-        ("pools[i] . get_kv_buffer( 0 )\n", "kvcompat.adapt(pools[i]) . get_kv_buffer( 0 )\n"),
+        ("get_pool().get_kv_buffer(0)\n", "_kvcompat_get_kv_buffer(get_pool(), 0)\n"),
+        ("pools[i] . get_kv_buffer( 0 )\n", "_kvcompat_get_kv_buffer(pools[i],  0 )\n"),
         (
             "pool.set_kv_buffer(layer, loc, k, v)\n",
-            "kvcompat.adapt(pool).write(layer.layer_id, loc, k, v)\n",
+            "_kvcompat_set_kv_buffer(pool, layer, loc, k, v)\n",
         ),
         (
             "pool.set_kv_buffer(self.layers[i], batch.out_cache_loc, k, v,)\n",
-            "kvcompat.adapt(pool).write(self.layers[i].layer_id, batch.out_cache_loc, k, v,)\n",
+            "_kvcompat_set_kv_buffer(pool, self.layers[i], batch.out_cache_loc, k, v,)\n",
         ),
         (
             "pool.set_kv_buffer(get_layer(i), loc, k, v)\n",
-            "kvcompat.adapt(pool).write(get_layer(i).layer_id, loc, k, v)\n",
+            "_kvcompat_set_kv_buffer(pool, get_layer(i), loc, k, v)\n",
         ),
         (
             "pool.set_kv_buffer(a if c else b, loc, k, v)\n",
-            "kvcompat.adapt(pool).write((a if c else b).layer_id, loc, k, v)\n",
+            "_kvcompat_set_kv_buffer(pool, a if c else b, loc, k, v)\n",
         ),
         (
             "pool.set_kv_buffer((layer), loc, k, v)\n",
-            "kvcompat.adapt(pool).write((layer.layer_id), loc, k, v)\n",
+            "_kvcompat_set_kv_buffer(pool, (layer), loc, k, v)\n",
         ),
         (
             "f(pool.get_kv_buffer(i), pool.get_value_buffer(j))\n",
-            "f(kvcompat.adapt(pool).get_kv_buffer(i), kvcompat.adapt(pool).get_value_buffer(j))\n",
+            "f(_kvcompat_get_kv_buffer(pool, i), _kvcompat_get_value_buffer(pool, j))\n",
         ),
         (
             "x = f'{pool.get_value_buffer(0).shape}'\n",
-            "x = f'{kvcompat.adapt(pool).get_value_buffer(0).shape}'\n",
+            "x = f'{_kvcompat_get_value_buffer(pool, 0).shape}'\n",
         ),
     ],
 )
@@ -81,8 +91,8 @@ def test_multi_line_call_keeps_comments_and_layout() -> None:
     """
     assert body(source) == textwrap.dedent(
         """\
-        kvcompat.adapt(pool).write(  # write this step's keys
-            layer.layer_id,  # the RadixAttention
+        _kvcompat_set_kv_buffer(pool,   # write this step's keys
+            layer,  # the RadixAttention
             loc,
             k,
             v,  # values
@@ -94,12 +104,10 @@ def test_multi_line_call_keeps_comments_and_layout() -> None:
 def test_nested_calls_are_all_fixed() -> None:
     source = "pool.get_kv_buffer(other_pool.get_value_buffer(0).shape[0])\n"
     assert body(source) == (
-        "kvcompat.adapt(pool).get_kv_buffer(kvcompat.adapt(other_pool).get_value_buffer(0).shape[0])\n"
+        "_kvcompat_get_kv_buffer(pool, _kvcompat_get_value_buffer(other_pool, 0).shape[0])\n"
     )
     chained = "a.get_kv_buffer(0).pool.get_value_buffer(1)\n"
-    assert body(chained) == (
-        "kvcompat.adapt(kvcompat.adapt(a).get_kv_buffer(0).pool).get_value_buffer(1)\n"
-    )
+    assert body(chained) == ("_kvcompat_get_value_buffer(_kvcompat_get_kv_buffer(a, 0).pool, 1)\n")
 
 
 @pytest.mark.parametrize(
@@ -116,11 +124,16 @@ def test_nested_calls_are_all_fixed() -> None:
         ("pool.set_kv_buffer(layer, loc, k, v, **scales)", "it passes keyword arguments"),
         (
             "pool.set_kv_buffer(layer, KVWriteLoc(loc, swa_loc=s), k, v)",
-            "its location is a KVWriteLoc, not a tensor of token indices",
+            "its location is a KVWriteLoc, which kvcompat's write does not take",
         ),
         (
             "pool.set_kv_buffer(layer, mem.KVWriteLoc(loc), k, v)",
-            "its location is a KVWriteLoc, not a tensor of token indices",
+            "its location is a KVWriteLoc, which kvcompat's write does not take",
+        ),
+        ("(a or b).get_kv_buffer(0)", "its source text could not be located exactly"),
+        (
+            "pool.get_kv_buffer_shape()",
+            "kvcompat has no get_kv_buffer_shape(); read get_key_buffer(i).shape",
         ),
     ],
 )
@@ -135,12 +148,14 @@ def test_not_fixable(call: str, reason: str) -> None:
 def test_a_rewrite_that_would_not_parse_is_left_and_reported() -> None:
     source = "def gen():\n    (yield).get_kv_buffer(0)\n    pool.get_kv_buffer(1)\n"
     text, [finding] = fix_source(source)
-    assert text == (
-        "import kvcompat\ndef gen():\n    (yield).get_kv_buffer(0)\n"
-        "    kvcompat.adapt(pool).get_kv_buffer(1)\n"
+    assert strip_header(text) == (
+        "def gen():\n    (yield).get_kv_buffer(0)\n    _kvcompat_get_kv_buffer(pool, 1)\n"
     )
-    assert (finding.line, finding.fixable) == (3, False)
-    assert finding.message.endswith("not auto-fixable: the rewrite would not parse")
+    line = text.splitlines().index("    (yield).get_kv_buffer(0)") + 1
+    assert (finding.line, finding.fixable) == (line, False)
+    assert finding.message.endswith(
+        "not auto-fixable: its source text could not be located exactly"
+    )
 
 
 def test_guarded_suppressed_and_attribute_findings_are_left_alone() -> None:
@@ -167,8 +182,18 @@ def test_syntax_error() -> None:
 
 # -- the import line -----------------------------------------------------------
 
+
+def _without_helpers(text: str) -> str:
+    """The fixed text with the helper block (which follows the import line) cut out."""
+    start = text.find("# Added by `kvcompat scan --fix`")
+    assert start >= 0
+    last = text.rindex("\ndef _kvcompat_")
+    end = text.index("\n\n\n", last) + 3
+    return text[:start] + text[end:]
+
+
 _CALL = "v = pool.get_value_buffer(0)\n"
-_FIXED = "v = kvcompat.adapt(pool).get_value_buffer(0)\n"
+_FIXED = "v = _kvcompat_get_value_buffer(pool, 0)\n"
 
 
 @pytest.mark.parametrize(
@@ -204,18 +229,22 @@ _FIXED = "v = kvcompat.adapt(pool).get_value_buffer(0)\n"
 )
 def test_import_placement(head: str, expected_head: str) -> None:
     text, _ = fix_source(head + _CALL)
-    assert text == expected_head + _FIXED
+    assert _without_helpers(text) == expected_head + _FIXED
 
 
 def test_import_on_the_docstring_line() -> None:
     text, _ = fix_source('"""Doc."""; v = pool.get_value_buffer(0)\n')
-    assert text == '"""Doc."""; import kvcompat; v = kvcompat.adapt(pool).get_value_buffer(0)\n'
+    assert text.startswith('"""Doc."""; import kvcompat\n# Added by `kvcompat scan --fix`')
+    assert text.endswith("\n\n\nv = _kvcompat_get_value_buffer(pool, 0)\n")
+    ast.parse(text)
 
 
 def test_import_uses_the_files_line_ending() -> None:
     text, _ = fix_source('"""Doc."""\r\n\r\nv = pool.get_value_buffer(0)\r\n')
-    assert text == (
-        '"""Doc."""\r\n\r\nimport kvcompat\r\nv = kvcompat.adapt(pool).get_value_buffer(0)\r\n'
+    assert "\n" not in text.replace("\r\n", "")
+    assert text.startswith('"""Doc."""\r\n\r\nimport kvcompat\r\n# Added by')
+    assert strip_header(text[len('"""Doc."""\r\n\r\n') :], "\r\n") == (
+        "v = _kvcompat_get_value_buffer(pool, 0)\r\n"
     )
 
 
@@ -238,14 +267,13 @@ def test_everything_outside_the_edits_is_unchanged() -> None:
     )
     text, remaining = fix_source(source)
     assert remaining == []
-    assert text == (
-        "import kvcompat\r\n"
+    assert strip_header(text, "\r\n") == (
         "import os\r\n"
         "x = 1 if os else 2\t \r\n"
         "# comment: pool.get_kv_buffer(0)\r\n"
         "s = 'pool.get_kv_buffer(0)'\r\n"
-        "y = ('é', kvcompat.adapt(pool) .get_kv_buffer( 0 ))\x0c\r\n"
-        "z = kvcompat.adapt(pool).get_value_buffer(1)"
+        "y = ('é', _kvcompat_get_kv_buffer(pool,  0 ))\x0c\r\n"
+        "z = _kvcompat_get_value_buffer(pool, 1)"
     )
 
 

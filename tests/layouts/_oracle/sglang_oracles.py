@@ -45,6 +45,9 @@ if __name__ == "__main__":  # run as a script: make the repository and tests/ im
 
 from kvcompat.layouts import (
     DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -805,6 +808,171 @@ def mla_pool_store() -> Result:
 
 
 # ------------------------------------------------------------------------------ main
+
+
+# -------------------------------------------------------------- DSv4 indexer keys (fp4)
+
+
+def _indexer_fp4_store(spec: LayoutSpec, *, rne: bool) -> Result:
+    """SGLang's Triton quantizer + store (``store_fp4_index_k_cache``) under the interpreter,
+    against kvcompat's codec, whole pages. The interpreter's arithmetic here is exact (IEEE
+    ``amax / 6``, a division by a power of two, comparisons, integer exponents). A GPU may
+    compile ``amax / 6`` into ``amax * fl(1/6)`` (as it does DSA's ``/ 448``); the ceiled
+    exponent then differs only if the two land on opposite sides of a power of two (the
+    GPU run is owed)."""
+    from sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache import store_fp4_index_k_cache
+
+    problems, tokens = [], 0
+    for page_size, seed in ((64, 41), (128, 42)):
+        n = 3 * page_size // 2
+        values = tile_values(n, 128, 32, seed=seed, dtype=torch.bfloat16)
+        values[5, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4) * -1
+        values[5, 31] = 6.0  # scale exactly 1: the thresholds themselves are the values
+        g = torch.Generator().manual_seed(seed)
+        loc = torch.randperm(3 * page_size, generator=g)[:n]
+        theirs = torch.zeros(3, page_size * 68, dtype=torch.uint8)
+        store_fp4_index_k_cache(values, theirs, loc, page_size=page_size, rne=rne)
+        ours = torch.zeros_like(theirs)
+        quantize(spec, values, ours, loc, page_size)
+        if not torch.equal(theirs, ours):
+            bad = int((theirs != ours).sum())
+            problems.append(f"P={page_size}: {bad} of {theirs.numel()} bytes differ")
+        tokens += n
+    return fail_or_pass(problems, f"{tokens} tokens, whole pages byte-identical")
+
+
+@check
+def dsv4_indexer_fp4_store_triton() -> Result:
+    return _indexer_fp4_store(DSV4_INDEXER_FP4, rne=False)
+
+
+@check
+def dsv4_indexer_fp4_rne_store_triton() -> Result:
+    return _indexer_fp4_store(DSV4_INDEXER_FP4_RNE, rne=True)
+
+
+@check
+def dsv4_indexer_fp4_pool_dequant() -> Result:
+    """``DeepSeekV4IndexerPool.get_index_k_dequant`` (torch) on pages of random bytes, every
+    payload byte against every scale byte, against kvcompat's reader."""
+    from _sglang.builders import build_dsv4_indexer_pool
+
+    pool = build_dsv4_indexer_pool(use_fp4_indexer=True, layer_num=1)
+    buf = pool.index_k_with_scale_buffer[0]
+    page = pool.page_size
+    g = torch.Generator().manual_seed(7)
+    buf.copy_(torch.randint(0, 256, buf.shape, generator=g).to(torch.uint8))
+    slots = torch.arange(min(pool.size, buf.shape[0] * page))
+    # Every scale byte for some group: overwrite the first 64 tokens' scale words.
+    scale_bytes = torch.arange(256, dtype=torch.uint8).reshape(64, 4)
+    buf[0, page * 64 : page * 64 + 256] = scale_bytes.reshape(-1)
+    theirs = pool.get_index_k_dequant(0, slots)
+    ours = dequantize(DSV4_INDEXER_FP4, buf, slots, page)
+    same = nan_aware_equal(theirs, ours)
+    if not bool(same.all()):
+        return "fail", f"{int((~same).sum())} of {same.numel()} values differ"
+    return "pass", f"{slots.numel()} tokens x 128 values identical (all 256 scale bytes)"
+
+
+@check
+def dsv4_indexer_fp4_pool_io() -> Result:
+    """kvcompat's ``write`` on a real fp4 ``DeepSeekV4IndexerPool`` against the pool's own
+    ``set_index_fp4`` (Triton, interpreter), both roundings; ``read`` against
+    ``get_index_k_dequant``."""
+    from _sglang.builders import build_dsv4_indexer_pool
+
+    import kvcompat
+
+    problems = []
+    for rne in (False, True):
+        theirs = build_dsv4_indexer_pool(use_fp4_indexer=True, layer_num=2)
+        ours = build_dsv4_indexer_pool(use_fp4_indexer=True, layer_num=2)
+        theirs.index_k_rne = ours.index_k_rne = rne
+        loc = torch.tensor([1, 5, 63, 64, 100])
+        values = tile_values(loc.numel(), 128, 32, seed=9, dtype=torch.bfloat16)
+        theirs.set_index_fp4(1, loc, values)
+        pool = kvcompat.adapt(ours)
+        pool.write(1, loc, values)
+        problems.extend(
+            f"rne={rne}: layer {layer} bytes differ after the write"
+            for layer in (0, 1)
+            if not torch.equal(
+                theirs.index_k_with_scale_buffer[layer], ours.index_k_with_scale_buffer[layer]
+            )
+        )
+        back = pool.read(1, loc).reshape(loc.numel(), -1)
+        if not bool(nan_aware_equal(back, theirs.get_index_k_dequant(1, loc)).all()):
+            problems.append(f"rne={rne}: read differs from get_index_k_dequant")
+    return fail_or_pass(problems, "write bytes and read values identical (both roundings)")
+
+
+@check
+def dsv4_indexer_fp8_pool_store() -> Result:
+    """kvcompat's ``write`` on a real fp8 ``DeepSeekV4IndexerPool`` against the pool's own
+    ``set_index_k_scale_buffer`` (SGLang's Triton ``SetKAndS``, interpreter) handed the codes
+    and scales kvcompat's codec computes: placement, scale bytes and untouched bytes. The
+    quantizing store is CUDA JIT (``fused_store_indexer_cache``): its arithmetic is checked
+    on the GPU tier (owed)."""
+    from _sglang.builders import build_dsv4_indexer_pool
+
+    import kvcompat
+
+    theirs = build_dsv4_indexer_pool(use_fp4_indexer=False, layer_num=2)
+    ours = build_dsv4_indexer_pool(use_fp4_indexer=False, layer_num=2)
+    for pool in (theirs, ours):
+        for buf in pool.index_k_with_scale_buffer:
+            noise = torch.randint(0, 256, buf.shape, generator=torch.Generator().manual_seed(5))
+            buf.copy_(noise.to(torch.uint8))
+    loc = torch.randperm(theirs.size, generator=torch.Generator().manual_seed(3))[:9]
+    values = tile_values(loc.numel(), 128, 128, seed=11, dtype=torch.bfloat16)
+    codes, scales = DSV4_INDEXER_FP8.codec.encode(DSV4_INDEXER_FP8, values, fnuz=False)
+    theirs.set_index_k_scale_buffer(
+        1, loc, codes.view(torch.float8_e4m3fn), scales.view(torch.float32).reshape(-1)
+    )
+    pool = kvcompat.adapt(ours)
+    pool.write(1, loc, values)
+    problems = [
+        f"layer {layer} bytes differ"
+        for layer in (0, 1)
+        if not torch.equal(
+            theirs.index_k_with_scale_buffer[layer], ours.index_k_with_scale_buffer[layer]
+        )
+    ]
+    back = pool.read(1, loc).reshape(loc.numel(), -1)
+    expected = codes.view(torch.float8_e4m3fn).float() * scales.view(torch.float32)
+    if not torch.equal(back, expected):
+        problems.append("read is not fp32(e4m3) * scale")
+    return fail_or_pass(problems, f"{loc.numel()} tokens placed byte-identically")
+
+
+@check
+def dsa_index_k_cache_store() -> Result:
+    """DSA's ``IndexKeyCache`` holds the fp8 indexer bytes: the pool's own
+    ``set_index_k_scale_buffer`` (``store_quantized``, SGLang's Triton ``SetKAndS`` under the
+    interpreter) handed kvcompat's codes and scales equals kvcompat's ``quantize`` of the same
+    values into the kernel view ``get_index_k_with_scale_buffer`` at ``index_page_size``; the
+    read back is ``fp32(e4m3) * scale``. (On CUDA, DSA's fused store
+    ``dsa/fused_store_index_cache.cuh`` has the DSv4 indexer store's arithmetic.)"""
+    from _sglang.builders import build_dsa_pool
+
+    pool = build_dsa_pool()
+    view = pool.get_index_k_with_scale_buffer(0)
+    page = int(pool.index_page_size)
+    expected = view.clone()
+    loc = torch.randperm(view.shape[0] * page, generator=torch.Generator().manual_seed(4))[:7]
+    values = tile_values(loc.numel(), 128, 128, seed=12, dtype=torch.bfloat16)
+    codes, scales = DSV4_INDEXER_FP8.codec.encode(DSV4_INDEXER_FP8, values, fnuz=False)
+    pool.set_index_k_scale_buffer(
+        0, loc, codes.view(torch.float8_e4m3fn), scales.view(torch.float32).reshape(-1)
+    )
+    quantize(DSV4_INDEXER_FP8, values, expected, loc, page)
+    problems = []
+    if not torch.equal(pool.get_index_k_with_scale_buffer(0), expected):
+        problems.append("pool bytes differ from kvcompat's quantize")
+    back = dequantize(DSV4_INDEXER_FP8, expected, loc, page)
+    if not torch.equal(back, codes.view(torch.float8_e4m3fn).float() * scales.view(torch.float32)):
+        problems.append("read is not fp32(e4m3) * scale")
+    return fail_or_pass(problems, f"{loc.numel()} tokens, page {page}: byte-identical")
 
 
 def main(argv: list[str]) -> int:

@@ -5,8 +5,9 @@
 //        -I <sglang>/kernels/jit/include -I <sglang>/kernels/jit/csrc/deepseek_v4
 //        -I <tvm_ffi>/include store_harness.cu
 // (SGLang's JIT uses the same flags). This file only reads the inputs and launches
-// fused_store_flashmla_cache / fused_store_flashmla_cache_v41 the way store.cuh's host code
-// does (block 256 for V4, 512 / vec for V4.1), without PDL.
+// fused_store_flashmla_cache / fused_store_flashmla_cache_v41 / fused_store_indexer_cache
+// the way store.cuh's host code does (block 256 for V4, 512 / vec for V4.1, one warp per
+// token for the indexer), without PDL.
 //
 // usage: store_harness <layout> <page_bits> <dtype bf16|fp32> <n> <input.bin> <loc.bin> <cache.bin>
 // cache.bin is read, written in place by the kernel, and written back.
@@ -55,6 +56,13 @@ void launch_v41(const void* in, void* cache, const void* idx, uint32_t n) {
 }
 
 template <typename Float, uint32_t kPageBits>
+void launch_indexer(const void* in, void* cache, const void* idx, uint32_t n) {
+  // One warp per token (fused_store_indexer_cache: 4 values per lane).
+  FusedStoreCacheParam p{in, cache, idx, n};
+  fused_store_indexer_cache<Float, int64_t, kPageBits, false><<<(n * 32 + 255) / 256, 256>>>(p);
+}
+
+template <typename Float, uint32_t kPageBits>
 void dispatch_layout(const std::string& layout, const void* in, void* cache, const void* idx, uint32_t n) {
   if (layout == "v4") launch_v4<Float, kPageBits>(in, cache, idx, n);
   else if (layout == "v41") launch_v41<Float, kPageBits, dv4::KVLayout::V41>(in, cache, idx, n);
@@ -62,6 +70,7 @@ void dispatch_layout(const std::string& layout, const void* in, void* cache, con
   else if (layout == "v41_fp4") launch_v41<Float, kPageBits, dv4::KVLayout::V41_FP4>(in, cache, idx, n);
   else if (layout == "v41_fp4_new") launch_v41<Float, kPageBits, dv4::KVLayout::V41_FP4_NEW>(in, cache, idx, n);
   else if (layout == "uniform_fp8") launch_v41<Float, kPageBits, dv4::KVLayout::UNIFORM_FP8>(in, cache, idx, n);
+  else if (layout == "dsv4_indexer_fp8") launch_indexer<Float, kPageBits>(in, cache, idx, n);
   else { fprintf(stderr, "unknown layout %s\n", layout.c_str()); exit(2); }
 }
 

@@ -1,0 +1,232 @@
+"""Mooncake Transfer Engine binding: move a :class:`~kvcompat.transfer.TransferPlan` (TCP, RDMA).
+
+Mooncake is an optional dependency (``pip install
+mooncake-transfer-engine-non-cuda==0.3.13.post1`` on CPU; its library links
+``libibverbs.so.1`` even without an RDMA device: ``apt-get install
+libibverbs1``). It is imported when an engine is created, never by
+``import kvcompat``. Peers find each other with ``P2PHANDSHAKE`` (no metadata
+server): the "metadata" is the session id ``"host:port"``. Note that the engine
+listens on every interface, whatever ``hostname`` says.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from types import ModuleType, TracebackType
+from typing import Any
+
+from kvcompat.transfer._engine import PreparedTransfer, check_op, chunk_ranges, transfer_error
+from kvcompat.transfer._errors import TransferError
+from kvcompat.transfer._plan import TransferPlan, regions_of
+from kvcompat.transfer._spec import pool_spec
+
+__all__ = ["MooncakeEngine", "import_mooncake"]
+
+
+def import_mooncake() -> ModuleType:
+    """``mooncake.engine``, or an ImportError that says what to install.
+
+    Example:
+        >>> from kvcompat.transfer import import_mooncake
+        >>> import_mooncake.__name__
+        'import_mooncake'
+    """
+    try:
+        return importlib.import_module("mooncake.engine")
+    except ImportError as exc:
+        lib = "libibverbs" in str(exc)
+        msg = f"kvcompat.transfer.MooncakeEngine needs the Mooncake Transfer Engine: {exc}.\n" + (
+            "Hint: its library links libibverbs even without RDMA: apt-get install -y libibverbs1."
+            if lib
+            else "Hint: pip install mooncake-transfer-engine-non-cuda==0.3.13.post1 (CPU) "
+            "or mooncake-transfer-engine (CUDA)."
+        )
+        raise ImportError(msg) from exc
+
+
+class MooncakeEngine:
+    """One Mooncake ``TransferEngine``: register pools, prepare plans, batch-write or -read.
+
+    Args:
+        hostname: this process's address (``"127.0.0.1"`` for loopback).
+        protocol: ``"tcp"`` (everywhere) or ``"rdma"`` (needs RDMA NICs).
+        device_name: RDMA device filter (``""``: all).
+
+    Example:
+        >>> from kvcompat.transfer import MooncakeEngine
+        >>> [m for m in ("register", "metadata", "connect", "prepare", "transfer", "close")
+        ...  if not hasattr(MooncakeEngine, m)]
+        []
+    """
+
+    engine = "Mooncake"
+
+    def __init__(
+        self, hostname: str = "127.0.0.1", *, protocol: str = "tcp", device_name: str = ""
+    ) -> None:
+        module = import_mooncake()
+        self._engine = module.TransferEngine()
+        code = self._engine.initialize(hostname, "P2PHANDSHAKE", protocol, device_name)
+        if code != 0:
+            msg = (
+                f"Mooncake TransferEngine.initialize({hostname!r}, 'P2PHANDSHAKE', "
+                f"{protocol!r}) returned {code}."
+            )
+            raise TransferError(msg)
+        self.hostname = hostname
+        self.session_id = f"{hostname}:{int(self._engine.get_rpc_port())}"
+        self.name = self.session_id
+        self._regions: list[tuple[int, int, int]] = []
+        self._prepared: list[PreparedTransfer] = []
+        self._closed = False
+
+    def register(self, pool: Any) -> list[tuple[int, int, int]]:
+        """Register every transferable buffer of ``pool`` (a pool of this process); idempotent.
+
+        Returns:
+            The newly registered ``(address, length, device_id)`` regions.
+        """
+        self._check_open()
+        spec = pool_spec(pool)
+        regions = [r for r in regions_of(spec.buffers) if r not in self._regions]
+        if not regions:
+            return []
+        addresses, lengths = [r[0] for r in regions], [r[1] for r in regions]
+        code = self._engine.batch_register_memory(addresses, lengths)
+        if code != 0:
+            what = f"{len(regions)} region(s) of {spec.name}"
+            msg = f"Mooncake could not register {what}: code {code}."
+            raise TransferError(msg)
+        self._regions.extend(regions)
+        return regions
+
+    def metadata(self) -> bytes:
+        """The session id (``b"host:port"``) the peer passes to :meth:`connect`."""
+        self._check_open()
+        return self.session_id.encode()
+
+    def connect(self, metadata: bytes) -> str:
+        """The peer's session id from its :meth:`metadata` (the handshake happens on first use)."""
+        self._check_open()
+        return metadata.decode() if isinstance(metadata, bytes) else str(metadata)
+
+    def prepare(
+        self,
+        plan: TransferPlan,
+        peer: str,
+        *,
+        op: str = "WRITE",
+        chunks: int = 1,
+        max_batch: int = 512,
+    ) -> PreparedTransfer:
+        """Split the plan's address lists into ``chunks`` batches once; reuse them.
+
+        Args:
+            plan: from :func:`~kvcompat.transfer.plan_transfer`.
+            peer: the session id :meth:`connect` returned.
+            op: ``"WRITE"`` (this process holds ``plan.src``) or ``"READ"`` (``plan.dst``).
+            chunks: batches; a failure then loses only the batches that did not complete.
+            max_batch: at most this many descriptors per batch (more batches when the
+                plan has more): over TCP, one batch of 4,096 descriptors overflows the
+                engine's lane queue ("queue-full rejection") and fails as a whole.
+        """
+        self._check_open()
+        operation = check_op(op)
+        if "VRAM" in (plan.src_mem, plan.dst_mem):
+            msg = (
+                "MooncakeEngine over the non-CUDA wheel moves host memory only; this plan "
+                f"moves {plan.src_mem} to {plan.dst_mem}.\nHint: use NixlEngine for GPU memory."
+            )
+            raise TransferError(msg)
+        pushing = operation == "WRITE"
+        local = [d.src if pushing else d.dst for d in plan.descriptors]
+        remote = [d.dst if pushing else d.src for d in plan.descriptors]
+        lengths = [d.length for d in plan.descriptors]
+        if max_batch < 1:
+            msg = f"max_batch must be a positive int, got {max_batch!r}."
+            raise TransferError(msg)
+        batches = max(chunks, -(-len(local) // max_batch))
+        prepared = PreparedTransfer(plan, peer, operation, chunk_ranges(len(local), batches))
+        for part in prepared.chunks:
+            prepared.handles.append(
+                (
+                    local[part.start : part.stop],
+                    remote[part.start : part.stop],
+                    lengths[part.start : part.stop],
+                )
+            )
+        self._prepared.append(prepared)
+        return prepared
+
+    def transfer(self, prepared: PreparedTransfer, *, timeout: float = 30.0) -> None:
+        """Run a prepared transfer, batch by batch, synchronously.
+
+        Each batch is one ``batch_transfer_sync_write`` (or ``_read``), which the
+        engine itself bounds by its own transport timeouts; between batches the
+        ``timeout`` (seconds) is checked.
+
+        Raises:
+            TransferError: a batch failed or the time ran out; it names the pages
+                that arrived and those that did not.
+        """
+        self._check_open()
+        if prepared.released:
+            msg = "this prepared transfer was released; prepare() the plan again."
+            raise TransferError(msg)
+        run = (
+            self._engine.batch_transfer_sync_write
+            if prepared.op == "WRITE"
+            else self._engine.batch_transfer_sync_read
+        )
+        deadline = time.monotonic() + timeout
+        done: list[int] = []
+        for chunk, (local, remote, lengths) in enumerate(prepared.handles):
+            if time.monotonic() > deadline:
+                reason = f"timed out after {timeout:g} s"
+                raise transfer_error(prepared, done, reason, engine=self.engine)
+            code = run(prepared.peer, local, remote, lengths)
+            if code != 0:
+                reason = f"batch {chunk} returned {code}"
+                raise transfer_error(prepared, done, reason, engine=self.engine)
+            done.append(chunk)
+        prepared.runs += 1
+
+    def release(self, prepared: PreparedTransfer) -> None:
+        """Forget a prepared transfer (idempotent)."""
+        prepared.released = True
+        prepared.handles.clear()
+        if prepared in self._prepared:
+            self._prepared.remove(prepared)
+
+    def close(self) -> None:
+        """Release prepared transfers and deregister memory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for prepared in list(self._prepared):
+            self.release(prepared)
+        if self._regions:
+            self._engine.batch_unregister_memory([r[0] for r in self._regions])
+            self._regions.clear()
+        self._engine = None  # the last reference: the engine's threads and sockets end
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"Mooncake engine {self.session_id!r} is closed."
+            raise TransferError(msg)
+
+    def __enter__(self) -> MooncakeEngine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._regions)} regions"
+        return f"MooncakeEngine({self.session_id!r}, {state})"

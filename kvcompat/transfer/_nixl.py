@@ -1,0 +1,312 @@
+"""NIXL binding: move a :class:`~kvcompat.transfer.TransferPlan` with an NVIDIA NIXL agent.
+
+NIXL is an optional dependency (``pip install nixl-cu12==1.5.1`` on CPU or
+CUDA 12, ``nixl-cu13`` on CUDA 13 — not the ``nixl`` meta-package, which pulls
+both); it is imported when an engine is created, never by ``import kvcompat``.
+On one host UCX moves DRAM with ``cma`` and VRAM with ``cuda_ipc``; set
+``UCX_NET_DEVICES=lo`` to keep a test on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterable
+from types import ModuleType, TracebackType
+from typing import Any
+
+from kvcompat.transfer._engine import (
+    PreparedTransfer,
+    check_op,
+    chunk_ranges,
+    poll_until,
+    transfer_error,
+)
+from kvcompat.transfer._errors import TransferError
+from kvcompat.transfer._plan import TransferPlan, regions_of
+from kvcompat.transfer._spec import pool_spec
+
+__all__ = ["NixlEngine", "import_nixl"]
+
+_MODULES = ("nixl_cu12", "nixl_cu13", "nixl")
+
+
+def import_nixl() -> ModuleType:
+    """The installed NIXL Python module (``nixl_cu12``, ``nixl_cu13`` or ``nixl``).
+
+    Raises:
+        ImportError: none is installed; the message names the pip line.
+
+    Example:
+        >>> from kvcompat.transfer import import_nixl
+        >>> import_nixl.__name__
+        'import_nixl'
+    """
+    errors = []
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        if hasattr(module, "nixl_agent"):
+            return module
+        errors.append(f"{name}: has no nixl_agent")
+    msg = (
+        "kvcompat.transfer.NixlEngine needs NIXL, which is not importable here ("
+        + "; ".join(errors)
+        + ").\nHint: pip install nixl-cu12==1.5.1 (CPU or CUDA 12) or nixl-cu13==1.5.1 "
+        "(CUDA 13) after installing torch; not the 'nixl' meta-package, which pulls both."
+    )
+    raise ImportError(msg)
+
+
+def _np() -> Any:
+    return importlib.import_module("numpy")
+
+
+class NixlEngine:
+    """One NIXL agent: register pools, exchange metadata, prepare plans once, transfer, release.
+
+    Args:
+        name: the agent's name, unique among the peers.
+        backends: NIXL backends to create (``("UCX",)``).
+
+    Example:
+        >>> from kvcompat.transfer import NixlEngine
+        >>> [m for m in ("register", "metadata", "connect", "prepare", "transfer", "close")
+        ...  if not hasattr(NixlEngine, m)]
+        []
+
+    A whole round trip, two agents in one process (``examples/pd_transfer.py`` does
+    it across two processes)::
+
+        src, dst = NixlEngine("a"), NixlEngine("b")
+        src.register(pool_a); dst.register(pool_b)
+        peer = src.connect(dst.metadata()); dst.connect(src.metadata())
+        prepared = src.prepare(plan_transfer(pool_a, pool_b, pages=...), peer)
+        src.transfer(prepared, timeout=10.0)
+        src.close(); dst.close()
+    """
+
+    engine = "NIXL"
+
+    def __init__(self, name: str, *, backends: Iterable[str] = ("UCX",)) -> None:
+        self._nixl = import_nixl()
+        config = self._nixl.nixl_agent_config(backends=list(backends))
+        try:
+            self._agent = self._nixl.nixl_agent(name, config)
+        except Exception as exc:
+            msg = f"could not create the NIXL agent {name!r}: {exc}"
+            raise TransferError(msg) from exc
+        self.name = name
+        self._registered: list[Any] = []
+        self._regions: set[tuple[str, int, int, int]] = set()
+        self._peers: list[str] = []
+        self._prepared: list[PreparedTransfer] = []
+        self._closed = False
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def register(self, pool: Any) -> list[tuple[int, int, int]]:
+        """Register every transferable buffer of ``pool`` (merged into regions); idempotent.
+
+        ``pool`` is anything :func:`~kvcompat.transfer.pool_spec` takes, but it must
+        live in this process. Register before :meth:`metadata` is sent, so the peer
+        sees the regions.
+
+        Returns:
+            The newly registered ``(address, length, device_id)`` regions.
+        """
+        self._check_open()
+        spec = pool_spec(pool)
+        added = []
+        for mem in ("DRAM", "VRAM"):
+            regions = [
+                r
+                for r in regions_of(b for b in spec.buffers if b.memory[0] == mem)
+                if (mem, *r) not in self._regions
+            ]
+            if not regions:
+                continue
+            try:
+                descs = self._agent.register_memory([(*r, "") for r in regions], mem)
+            except Exception as exc:
+                what = f"{len(regions)} {mem} region(s) of {spec.name}"
+                msg = f"NIXL could not register {what}: {exc}"
+                raise TransferError(msg) from exc
+            self._registered.append(descs)
+            self._regions.update((mem, *r) for r in regions)
+            added.extend(regions)
+        return added
+
+    def metadata(self) -> bytes:
+        """This agent's metadata, to send to the peer (with the registered regions)."""
+        self._check_open()
+        return bytes(self._agent.get_agent_metadata())
+
+    def connect(self, metadata: bytes) -> str:
+        """Load a peer's :meth:`metadata`; returns the peer's name for :meth:`prepare`."""
+        self._check_open()
+        try:
+            peer = self._agent.add_remote_agent(metadata)
+        except Exception as exc:
+            msg = f"NIXL could not load the peer's metadata: {exc}"
+            raise TransferError(msg) from exc
+        name = peer.decode() if isinstance(peer, bytes) else str(peer)
+        self._peers.append(name)
+        return name
+
+    # -- transfers -----------------------------------------------------------------------
+
+    def prepare(
+        self, plan: TransferPlan, peer: str, *, op: str = "WRITE", chunks: int = 1
+    ) -> PreparedTransfer:
+        """Prepare both descriptor lists and ``chunks`` transfer requests once; reuse them.
+
+        Args:
+            plan: from :func:`~kvcompat.transfer.plan_transfer`.
+            peer: the name :meth:`connect` returned.
+            op: ``"WRITE"`` when this process holds ``plan.src`` (push), ``"READ"``
+                when it holds ``plan.dst`` (pull).
+            chunks: engine requests to split the descriptors into; a failure then
+                loses only the chunks that did not complete.
+
+        Raises:
+            TransferError: NIXL refused the lists (a region not registered, an
+                unknown peer); nothing moved.
+        """
+        self._check_open()
+        operation = check_op(op)
+        np = _np()
+        pushing = operation == "WRITE"
+        local = plan.src_descs() if pushing else plan.dst_descs()
+        remote = plan.dst_descs() if pushing else plan.src_descs()
+        local_mem = plan.src_mem if pushing else plan.dst_mem
+        remote_mem = plan.dst_mem if pushing else plan.src_mem
+        prepared = PreparedTransfer(plan, peer, operation, chunk_ranges(len(local), chunks))
+        try:
+            mine = self._agent.prep_xfer_dlist(
+                "NIXL_INIT_AGENT", np.array(local, dtype=np.uint64).reshape(-1, 3), local_mem
+            )
+            prepared.lists.append(mine)
+            theirs = self._agent.prep_xfer_dlist(
+                peer, np.array(remote, dtype=np.uint64).reshape(-1, 3), remote_mem
+            )
+            prepared.lists.append(theirs)
+            for part in prepared.chunks:
+                index = np.arange(part.start, part.stop, dtype=np.int32)
+                prepared.handles.append(
+                    self._agent.make_prepped_xfer(operation, mine, index, theirs, index)
+                )
+        except Exception as exc:
+            self.release(prepared)
+            msg = (
+                f"NIXL could not prepare {len(local)} descriptors towards {peer!r}: {exc}\n"
+                "Hint: both sides must register() their pool before exchanging metadata(), "
+                "and connect() must have loaded the peer's metadata."
+            )
+            raise TransferError(msg) from exc
+        self._prepared.append(prepared)
+        return prepared
+
+    def transfer(
+        self, prepared: PreparedTransfer, *, timeout: float = 30.0, notify: bytes = b""
+    ) -> None:
+        """Run a prepared transfer and wait (at most ``timeout`` seconds) until it completes.
+
+        ``notify`` is delivered to the peer (see :meth:`notifications`) when the last
+        chunk completes.
+
+        Raises:
+            TransferError: the engine failed or the wait timed out; it names the pages
+                that arrived and those that did not.
+        """
+        self._check_open()
+        if prepared.released:
+            msg = "this prepared transfer was released; prepare() the plan again."
+            raise TransferError(msg)
+        last = len(prepared.handles) - 1
+        posted: list[int] = []
+        done: list[int] = []
+        for chunk, handle in enumerate(prepared.handles):
+            try:
+                state = self._agent.transfer(handle, notify if chunk == last else b"")
+            except Exception as exc:
+                why = f"posting chunk {chunk} raised {exc}"
+                raise self._failed(prepared, done, posted, why) from exc
+            if state == "ERR":
+                raise self._failed(prepared, done, posted, f"NIXL refused to post chunk {chunk}")
+            if state == "DONE":
+                done.append(chunk)
+            else:
+                posted.append(chunk)
+        handles = prepared.handles
+        finished, failed, reason = poll_until(
+            lambda c: str(self._agent.check_xfer_state(handles[c])), posted, timeout=timeout
+        )
+        done.extend(finished)
+        prepared.runs += 1
+        if reason is not None:
+            raise self._failed(prepared, done, failed, reason)
+
+    def _failed(
+        self, prepared: PreparedTransfer, done: list[int], _pending: list[int], reason: str
+    ) -> TransferError:
+        return transfer_error(prepared, done, reason, engine=self.engine)
+
+    def notifications(self) -> dict[str, list[bytes]]:
+        """Notifications received since the last call, per peer name."""
+        self._check_open()
+        found = self._agent.get_new_notifs()
+        return {str(k): [bytes(m) for m in v] for k, v in found.items()}
+
+    def release(self, prepared: PreparedTransfer) -> None:
+        """Release a prepared transfer's handles and lists (idempotent)."""
+        if prepared.released:
+            return
+        prepared.released = True
+        for handle in prepared.handles:
+            self._agent.release_xfer_handle(handle)
+        for dlist in prepared.lists:
+            self._agent.release_dlist_handle(dlist)
+        prepared.handles.clear()
+        prepared.lists.clear()
+        if prepared in self._prepared:
+            self._prepared.remove(prepared)
+
+    def close(self) -> None:
+        """Release every prepared transfer, forget the peers, deregister memory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for prepared in list(self._prepared):
+            self.release(prepared)
+        for peer in self._peers:
+            with contextlib.suppress(Exception):  # the peer may have gone first
+                self._agent.remove_remote_agent(peer)
+        for descs in self._registered:
+            self._agent.deregister_memory(descs)
+        self._registered.clear()
+        self._regions.clear()
+        self._agent = None  # the last reference: the agent and its spinning progress thread end
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"NIXL engine {self.name!r} is closed."
+            raise TransferError(msg)
+
+    def __enter__(self) -> NixlEngine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._regions)} regions"
+        return f"NixlEngine({self.name!r}, {state}, peers={self._peers})"

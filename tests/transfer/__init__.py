@@ -1,0 +1,1 @@
+"""kvcompat.transfer: plans, engine bindings, the two-process example."""
