@@ -17,10 +17,12 @@ def _class_cell(qualname: str) -> str:
 
 
 def supported_table() -> str:
-    """The table of supported SGLang classes, from kvcompat's registry.
+    """Every SGLang class kvcompat knows, from its registry: what the supported ones return,
+    then (under its own heading) why the others are refused, in their own column.
 
-    ``{.kv-pools}`` gives it the class the docs' stylesheet uses to keep every column on
-    screen (wrapping code at 1280 px, one card per class on a phone).
+    ``{.kv-pools}`` and ``{.kv-refused}`` give the tables the classes the docs' stylesheet
+    uses to keep every column on screen (code wraps at 1280 px; one card per class on a
+    phone).
     """
     lines = [
         "{.kv-pools}",
@@ -37,7 +39,15 @@ def supported_table() -> str:
             value = "the primary component's value"
         row = [_class_cell(family.qualname), family.kind.value, _cell(key), _cell(value)]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + REFUSED_INTRO + refused_table()
+
+
+REFUSED_INTRO = """## Recognised and refused
+
+These classes are recognised by name, and `kvcompat.adapt()` refuses them with
+`UnsupportedPoolError`, saying why, rather than half-working:
+
+"""
 
 
 def refused_table() -> str:
@@ -47,21 +57,18 @@ def refused_table() -> str:
         "| SGLang class | why `adapt()` refuses it |",
         "|---|---|",
     ]
-    for family in sglang.SGLANG_CLASSES:
-        if family.kind is None:
-            reason = (family.reason or "").rstrip(".")
-            reason = reason[:1].upper() + reason[1:] + "."
-            lines.append(f"| {_class_cell(family.qualname)} | {_cell(reason)} |")
+    lines += [
+        f"| {_class_cell(family.qualname)} | {_cell(family.reason or '')} |"
+        for family in sglang.SGLANG_CLASSES
+        if family.kind is None
+    ]
     return "\n".join(lines) + "\n"
 
 
 def write_generated(folder: Path) -> None:
     """Write every generated fragment under ``folder``."""
     folder.mkdir(exist_ok=True)
-    for name, text in (
-        ("supported_table.md", supported_table()),
-        ("refused_table.md", refused_table()),
-    ):
+    for name, text in (("supported_table.md", supported_table()),):
         target = folder / name
         if not target.exists() or target.read_text() != text:
             target.write_text(text)

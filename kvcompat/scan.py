@@ -40,9 +40,5 @@ __all__ = [
     "scan_source",
 ]
 
-if __name__ == "__main__":  # through the CLI: quiet broken pipes, progress on a terminal
-    import sys
-
-    from kvcompat.cli import main as _cli
-
-    raise SystemExit(_cli(["scan", *sys.argv[1:]]))
+if __name__ == "__main__":
+    raise SystemExit(main())

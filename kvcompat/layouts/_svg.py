@@ -177,6 +177,8 @@ def documented_pictures() -> dict[str, tuple[LayoutSpec, int]]:
 
     from kvcompat.layouts import (  # noqa: PLC0415 -- the package imports this module
         DSA_FP8,
+        DSV4_INDEXER_FP4,
+        DSV4_INDEXER_FP8,
         UNIFORM_FP8,
         V4,
         V41,
@@ -195,6 +197,8 @@ def documented_pictures() -> dict[str, tuple[LayoutSpec, int]]:
         "v41_new": (V41_NEW, 4),
         "v41_fp4_new": (V41_FP4_NEW, 4),
         "dsa_fp8": (DSA_FP8, 4),
+        "dsv4_indexer_fp8": (DSV4_INDEXER_FP8, 32),
+        "dsv4_indexer_fp4": (DSV4_INDEXER_FP4, 16),
         "mha": (mha_layout(2, 16, torch.bfloat16), 4),
         "mla": (mla_layout(512, 64, torch.bfloat16), 4),
     }
