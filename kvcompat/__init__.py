@@ -39,11 +39,14 @@ if TYPE_CHECKING:  # the real objects, for type checkers and IDEs; at run time s
         pool_kind,
     )
     from kvcompat._errors import (
+        ImplError,
+        KernelUnavailableError,
         KVCompatError,
         LayerIdTypeError,
         LayerOutOfRangeError,
         LayoutError,
         NoValueBufferError,
+        PoolStateError,
         UnsupportedPoolError,
         WriteError,
     )
@@ -54,14 +57,17 @@ if TYPE_CHECKING:  # the real objects, for type checkers and IDEs; at run time s
 
 __all__ = [
     "CompatPool",
+    "ImplError",
     "KVCompatError",
     "KVPair",
     "KVPoolProtocol",
+    "KernelUnavailableError",
     "LayerIdTypeError",
     "LayerOutOfRangeError",
     "LayoutError",
     "NoValueBufferError",
     "PoolKind",
+    "PoolStateError",
     "SupportsGetKeyBuffer",
     "UnsupportedPoolError",
     "WriteError",
@@ -87,14 +93,17 @@ __all__ = [
 # ``kvcompat --version``, ``--help`` and ``kvcompat scan`` never import torch.
 _LAZY: dict[str, str] = {
     "CompatPool": "kvcompat.compat",
+    "ImplError": "kvcompat._errors",
     "KVCompatError": "kvcompat._errors",
     "KVPair": "kvcompat._protocol",
     "KVPoolProtocol": "kvcompat._protocol",
+    "KernelUnavailableError": "kvcompat._errors",
     "LayerIdTypeError": "kvcompat._errors",
     "LayerOutOfRangeError": "kvcompat._errors",
     "LayoutError": "kvcompat._errors",
     "NoValueBufferError": "kvcompat._errors",
     "PoolKind": "kvcompat._protocol",
+    "PoolStateError": "kvcompat._errors",
     "SupportsGetKeyBuffer": "kvcompat._protocol",
     "UnsupportedPoolError": "kvcompat._errors",
     "WriteError": "kvcompat._errors",

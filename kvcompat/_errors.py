@@ -9,11 +9,14 @@ Messages say what was received, what was expected, and what to do instead.
 from __future__ import annotations
 
 __all__ = [
+    "ImplError",
     "KVCompatError",
+    "KernelUnavailableError",
     "LayerIdTypeError",
     "LayerOutOfRangeError",
     "LayoutError",
     "NoValueBufferError",
+    "PoolStateError",
     "UnsupportedPoolError",
     "WriteError",
 ]
@@ -109,5 +112,59 @@ class WriteError(KVCompatError, ValueError):
     Example:
         >>> import kvcompat
         >>> issubclass(kvcompat.WriteError, ValueError)
+        True
+    """
+
+
+class PoolStateError(LayoutError, AttributeError):
+    """The pool's buffers are gone or are not tensors any more.
+
+    Raised when a buffer list an adapter reads was deleted (SGLang's
+    ``_clear_buffers()``), never allocated (a half-built pool), or holds something
+    other than tensors. It is a :class:`LayoutError` (``ValueError``, what
+    :func:`kvcompat.adapt` raises for a pool it cannot read) and an
+    ``AttributeError`` (what the native getters raise on a cleared pool).
+
+    Example:
+        >>> import kvcompat
+        >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+        >>> native = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)
+        >>> pool = kvcompat.adapt(native)
+        >>> del native.k_buffer
+        >>> try:
+        ...     pool.get_key_buffer(0)
+        ... except AttributeError as exc:
+        ...     print(type(exc).__name__, exc.args[0].split(" (")[0])
+        PoolStateError ReferenceMHATokenToKVPool has no 'k_buffer' buffer list
+    """
+
+
+class ImplError(KVCompatError, ValueError):
+    """An ``impl=`` argument that is not ``"auto"``, ``"torch"`` or ``"triton"``.
+
+    Example:
+        >>> import torch, kvcompat
+        >>> from kvcompat.layouts import V4, dequantize
+        >>> buf = torch.zeros(1, V4.page_bytes(64), dtype=torch.uint8)
+        >>> try:
+        ...     dequantize(V4, buf, torch.tensor([0]), 64, impl="cuda")
+        ... except ValueError as exc:
+        ...     print(type(exc).__name__, exc.args[0].split(";")[0])
+        ImplError impl must be 'auto', 'torch' or 'triton'
+    """
+
+
+class KernelUnavailableError(KVCompatError, NotImplementedError):
+    """``impl="triton"`` where no Triton kernel serves the call.
+
+    The buffer is not on a CUDA device (and the Triton interpreter is off), the
+    layout or value dtype has no kernel, or the buffer is not 16-byte aligned.
+    ``NotImplementedError`` is a ``RuntimeError``, so both ``except`` clauses
+    catch it. Use ``impl="auto"`` (which falls back to the torch twin) or
+    ``impl="torch"``.
+
+    Example:
+        >>> import kvcompat
+        >>> issubclass(kvcompat.KernelUnavailableError, RuntimeError)
         True
     """

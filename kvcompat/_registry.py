@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kvcompat._compat._marker import proxy_adapter
-from kvcompat._errors import UnsupportedPoolError
+from kvcompat._errors import KVCompatError, PoolStateError, UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat.adapters._composite import CompositeAdapter
 from kvcompat.adapters._leaf import LeafAdapter
@@ -78,12 +78,27 @@ class Family:
         return self.kind if self.kind is not None else self.native_kind
 
     def make(self, native: Any) -> KVPoolProtocol:
-        """Build an adapter for ``native`` (which must be of this family)."""
-        if self.build is not None:
-            return self.build(native)
-        if self.leaf is not None:
-            return self.leaf(native)
-        raise _unsupported(native, self)
+        """Build an adapter for ``native`` (which must be of this family).
+
+        A pool whose attributes cannot be read (half-built, or its buffers released)
+        raises :class:`~kvcompat.PoolStateError`, never a raw AttributeError.
+        """
+        if self.build is None and self.leaf is None:
+            raise _unsupported(native, self)
+        try:
+            if self.build is not None:
+                return self.build(native)
+            return self.leaf(native)  # type: ignore[misc]
+        except KVCompatError:
+            raise
+        except (AttributeError, KeyError, IndexError, TypeError) as exc:
+            msg = (
+                f"kvcompat cannot read {qualified_name(type(native))} as a {self.qualname} "
+                f"pool: {type(exc).__name__}: {exc}.\n"
+                "Hint: adapt the pool after its constructor has returned and before its "
+                "buffers are released (_clear_buffers())."
+            )
+            raise PoolStateError(msg) from exc
 
 
 _lock = threading.Lock()
@@ -135,7 +150,11 @@ def _lookup(base: type) -> Family | None:
     if family is not None and _confirmed(base):
         return family
     for (prefix, short), found in _by_class_name.items():
-        if base.__qualname__ == short and base.__module__.startswith(prefix):
+        if (
+            base.__qualname__ == short
+            and base.__module__.startswith(prefix)
+            and _confirmed(base)  # a class that only copies the names is not the real one
+        ):
             return found
     return None
 

@@ -239,6 +239,11 @@ def test_scan_version_and_help_never_import_torch(args: list[str]) -> None:
     assert heavy == []
 
 
+def test_every_public_name_is_served_lazily() -> None:
+    lazy = set(kvcompat._LAZY) | {"adapters", "__version__"}
+    assert lazy == set(kvcompat.__all__), "add the new name to _LAZY in kvcompat/__init__.py"
+
+
 def test_importing_the_scanner_leaves_torch_unimported() -> None:
     code = textwrap.dedent(
         """

@@ -5,7 +5,9 @@ dequantize rows at token locations into dense ``[n, heads, dim]`` tensors and
 writes quantize dense values into rows, through :mod:`kvcompat.layouts` (the
 torch twin, or a Triton kernel on CUDA). Every write is all-or-nothing: the
 layer id, locations, shapes, dtypes and values of *every* buffer it touches
-are checked before the first byte moves.
+are checked before the first byte moves, every part is encoded before the
+first scatter, and a fault during the scatters puts the old bytes back
+(:func:`kvcompat.layouts._codec.commit`; see ``docs/atomic-writes.md``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from kvcompat.layouts import (
     get_layout,
     mha_layout,
     mla_layout,
-    quantize,
 )
+from kvcompat.layouts._codec import check_impl, quantize_parts
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -157,9 +159,7 @@ def _single_kv_layout(native: Any, key: torch.Tensor, owner: str) -> LayoutSpec:
 
 
 def _codec_kwargs(impl: Impl, **extra: Any) -> dict[str, Any]:
-    if impl not in ("auto", "torch", "triton"):
-        msg = f"impl must be 'auto', 'torch' or 'triton', got {impl!r}."
-        raise ValueError(msg)
+    check_impl(impl)
     kwargs = {name: value for name, value in extra.items() if value is not None}
     if impl != "auto":
         kwargs["impl"] = impl
@@ -234,7 +234,8 @@ def plan_write(
         )
         raise WriteError(msg)
     if not validate:
-        return _Planned(spec, buf, values.reshape(values.shape[0], spec.dim), loc.long())
+        rows = values.reshape(values.shape[0], spec.dim)
+        return _Planned(spec, buf, rows.detach() if rows.requires_grad else rows, loc.long())
     try:
         rows, loc64 = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     except WriteError as exc:
@@ -246,7 +247,10 @@ def plan_write(
 def write_rows(
     plans: Sequence[_Planned], page_size: int, *, fnuz: bool, check_finite: bool, impl: Impl
 ) -> None:
-    """Quantize and store every validated part of a write (no further checks).
+    """Quantize and store every validated part of a write, all or nothing (no further checks).
+
+    Every part is encoded before the first byte moves; values that alias any of the
+    parts' buffers are copied first. ``check_finite`` was applied by :func:`plan_write`.
 
     Example:
         >>> import torch
@@ -258,17 +262,10 @@ def write_rows(
         >>> int(buf.count_nonzero()) > 0
         True
     """
-    kwargs = _codec_kwargs(impl)
-    if fnuz:
-        kwargs["fnuz"] = True
-    for plan in plans:
-        quantize(
-            plan.spec,
-            plan.rows,
-            plan.buf,
-            plan.loc,
-            page_size,
-            check_finite=check_finite,
-            validate=False,
-            **kwargs,
-        )
+    check_impl(impl)
+    quantize_parts(
+        [(plan.spec, plan.rows, plan.buf, plan.loc) for plan in plans],
+        page_size,
+        fnuz=fnuz,
+        impl=impl,
+    )

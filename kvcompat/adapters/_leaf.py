@@ -2,9 +2,14 @@
 
 A leaf adapter resolves everything it can when it is built: for every served
 layer it keeps the key tensor, the value tensor and the :class:`KVPair`,
-already viewed as the logical dtype. The getter's per-call work is an ``int``
-check, a dict lookup, an identity check that the native buffer list was not
-replaced, and the native pool's layer-transfer wait when one is registered.
+already viewed as the logical dtype, together with the native list entry each
+was made from. The getter's per-call work is an ``int`` check, a dict lookup,
+one identity check that the native list still holds that very tensor (which
+catches a replaced list, ``pool.k_buffer[i] = new_tensor``, and a replaced
+``v_buffer``), and the native pool's layer-transfer wait when one is
+registered. When the check fails the tables are rebuilt from the pool; when the
+buffers are gone (SGLang's ``_clear_buffers()``) the getter raises
+:class:`~kvcompat.PoolStateError`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvcompat._errors import LayoutError, NoValueBufferError, WriteError
+from kvcompat._errors import (
+    KVCompatError,
+    LayoutError,
+    NoValueBufferError,
+    PoolStateError,
+    WriteError,
+)
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._base import AdapterBase, Buffer
 from kvcompat.adapters._io import (
@@ -100,6 +111,8 @@ class LeafAdapter(AdapterBase):
     """How the pool stores keys and values (fixed per adapter class)."""
     source_attr: ClassVar[str]
     """The native attribute holding the per-layer buffer list."""
+    value_attr: ClassVar[str | None] = None
+    """The native attribute holding a *separate* per-layer value list (``v_buffer``), if any."""
     native_waits: ClassVar[bool] = True
     """Whether the native getters wait on ``layer_transfer_counter``."""
     returns: ClassVar[tuple[str, str]] = ("", "")
@@ -116,6 +129,7 @@ class LeafAdapter(AdapterBase):
         "_pairs",
         "_slots",
         "_source",
+        "_value_source",
         "_values",
         "_wait_index",
         "_wait_owner",
@@ -143,22 +157,17 @@ class LeafAdapter(AdapterBase):
         if waits is None:
             waits = self.native_waits if wait_owner is None else True
         self._waits = waits
-        source = getattr(native, self.source_attr, None)
-        if source is None:
-            msg = (
-                f"{type(native).__qualname__} has no {self.source_attr!r} buffer list; "
-                f"kvcompat's {type(self).__name__} reads the layer buffers from it.\n"
-                "Hint: adapt the pool after its buffers are allocated."
-            )
-            raise LayoutError(msg)
+        source = self._buffer_list(self.source_attr)
         self._slots: dict[int, int] = dict(
             default_slots(native, source) if slots is None else slots
         )
         self._wait_index: dict[int, int] = self._slots if wait_index is None else dict(wait_index)
         self._source: Any = None
-        self._keys: dict[int, torch.Tensor] = {}
-        self._values: dict[int, torch.Tensor] = {}
-        self._pairs: dict[int, KVPair] = {}
+        self._value_source: Any = None
+        # layer -> (tensor, slot, native entry it was made from); pairs carry both entries.
+        self._keys: dict[int, tuple[torch.Tensor, int, Any]] = {}
+        self._values: dict[int, tuple[torch.Tensor, int, Any]] = {}
+        self._pairs: dict[int, tuple[KVPair, int, Any, Any]] = {}
         self._layouts: dict[int, LayerLayout] = {}
         self._refresh()
 
@@ -206,8 +215,48 @@ class LeafAdapter(AdapterBase):
         """
         return detect_layouts(self.io_family, self._native, key, value, self._name)
 
+    def _buffer_list(self, attr: str) -> Any:
+        """The native per-layer list ``attr``, or :class:`~kvcompat.PoolStateError`."""
+        try:
+            found = getattr(self._native, attr)
+        except AttributeError:
+            found = None
+        if found is None:
+            msg = (
+                f"{type(self._native).__qualname__} has no {attr!r} buffer list (released or "
+                f"not allocated); kvcompat's {type(self).__name__} ({self._name}) reads the "
+                "layer buffers from it.\n"
+                "Hint: adapt the pool after its buffers are allocated, and do not use the "
+                "adapter after the pool's _clear_buffers(); adapt the pool again once it "
+                "has buffers."
+            )
+            raise PoolStateError(msg)
+        if not hasattr(found, "__getitem__") or not hasattr(found, "__len__"):
+            msg = (
+                f"{type(self._native).__qualname__}.{attr} is a {type(found).__name__}, not a "
+                "list of per-layer tensors.\nHint: keep one tensor per layer in it."
+            )
+            raise PoolStateError(msg)
+        return found
+
+    def _entry(self, listing: Any, attr: str, slot: int) -> torch.Tensor:
+        try:
+            entry = listing[slot]
+        except (IndexError, KeyError, TypeError):
+            entry = None
+        if not isinstance(entry, torch.Tensor):
+            msg = (
+                f"{self._name}: {type(self._native).__qualname__}.{attr}[{slot}] is "
+                f"{type(entry).__name__}, not a tensor (list of {len(listing)} entries).\n"
+                "Hint: replace a layer's buffer with a tensor of the same layout, or adapt "
+                "the pool again after rebuilding its buffers."
+            )
+            raise PoolStateError(msg)
+        return entry
+
     def _refresh(self) -> None:
-        source = getattr(self._native, self.source_attr)
+        source = self._buffer_list(self.source_attr)
+        values = None if self.value_attr is None else self._buffer_list(self.value_attr)
         count = len(source)
         bad = sorted(layer for layer, slot in self._slots.items() if not 0 <= slot < count)
         if bad:
@@ -215,23 +264,42 @@ class LeafAdapter(AdapterBase):
                 f"{self._name}: layers {bad} map to buffer slots outside the "
                 f"{count} buffers of {type(self._native).__qualname__}.{self.source_attr}."
             )
-            raise LayoutError(msg)
-        keys: dict[int, torch.Tensor] = {}
-        values: dict[int, torch.Tensor] = {}
-        pairs: dict[int, KVPair] = {}
+            raise PoolStateError(msg)
+        keys: dict[int, tuple[torch.Tensor, int, Any]] = {}
+        value_table: dict[int, tuple[torch.Tensor, int, Any]] = {}
+        pairs: dict[int, tuple[KVPair, int, Any, Any]] = {}
         shared = self.kind.value_aliases_key
         for layer in sorted(self._slots):
-            key, value = self.layer_buffers(source, self._slots[layer])
-            keys[layer] = key
+            slot = self._slots[layer]
+            raw_key = self._entry(source, self.source_attr, slot)
+            raw_value = (
+                raw_key if values is None else self._entry(values, str(self.value_attr), slot)
+            )
+            try:
+                key, value = self.layer_buffers(source, slot)
+            except KVCompatError:
+                raise
+            except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
+                msg = (
+                    f"{self._name}: cannot read layer {layer}'s buffers from "
+                    f"{type(self._native).__qualname__} ({type(exc).__name__}: {exc}).\n"
+                    "Hint: is the pool fully built? Adapt it after its constructor returns."
+                )
+                raise PoolStateError(msg) from exc
+            keys[layer] = (key, slot, raw_key)
             if value is not None:
-                values[layer] = value
-                pairs[layer] = KVPair(key, value, shared=shared, component=self._component)
-        self._keys, self._values, self._pairs = keys, values, pairs
+                value_table[layer] = (value, slot, raw_value)
+                pair = KVPair(key, value, shared=shared, component=self._component)
+                pairs[layer] = (pair, slot, raw_key, raw_value)
+        self._keys, self._values, self._pairs = keys, value_table, pairs
         self._layouts = {}
-        self._source = source
+        self._source, self._value_source = source, values
 
-    def _stale(self) -> bool:
-        return getattr(self._native, self.source_attr) is not self._source
+    def _fresh(self, layer_id: int) -> None:
+        """The getters' slow path: an unserved layer id, or storage that changed."""
+        if layer_id not in self._slots:
+            raise_unserved(layer_id, self._name, self._slots)
+        self._refresh()
 
     # -- the hot path -----------------------------------------------------------
 
@@ -252,12 +320,14 @@ class LeafAdapter(AdapterBase):
         """
         if type(layer_id) is not int:
             layer_id = coerce_layer_id(layer_id, self._name)
-        if getattr(self._native, self.source_attr) is not self._source:
-            self._refresh()
         try:
-            key = self._keys[layer_id]
-        except KeyError:
-            raise_unserved(layer_id, self._name, self._slots)
+            key, slot, raw = self._keys[layer_id]
+            stale = getattr(self._native, self.source_attr)[slot] is not raw
+        except Exception:  # noqa: BLE001 - unserved id, or the buffers went away: slow path
+            stale = True
+        if stale:
+            self._fresh(layer_id)
+            key = self._keys[layer_id][0]
         if wait and self._waits:
             counter = getattr(self._wait_owner, "layer_transfer_counter", None)
             if counter is not None:
@@ -276,12 +346,16 @@ class LeafAdapter(AdapterBase):
         """
         if type(layer_id) is not int:
             layer_id = coerce_layer_id(layer_id, self._name)
-        if getattr(self._native, self.source_attr) is not self._source:
-            self._refresh()
         try:
-            value = self._values[layer_id]
-        except KeyError:
-            self._missing_value(layer_id)
+            value, slot, raw = self._values[layer_id]
+            stale = getattr(self._native, self.value_attr or self.source_attr)[slot] is not raw
+        except Exception:  # noqa: BLE001 - unserved id, no values, or the buffers went away
+            stale = True
+        if stale:
+            if not self.kind.has_values:
+                self._missing_value(layer_id)
+            self._fresh(layer_id)
+            value = self._values[layer_id][0]
         if wait and self._waits:
             counter = getattr(self._wait_owner, "layer_transfer_counter", None)
             if counter is not None:
@@ -301,12 +375,19 @@ class LeafAdapter(AdapterBase):
         """
         if type(layer_id) is not int:
             layer_id = coerce_layer_id(layer_id, self._name)
-        if getattr(self._native, self.source_attr) is not self._source:
-            self._refresh()
         try:
-            pair = self._pairs[layer_id]
-        except KeyError:
-            self._missing_value(layer_id)
+            pair, slot, raw_key, raw_value = self._pairs[layer_id]
+            native = self._native
+            stale = getattr(native, self.source_attr)[slot] is not raw_key or (
+                raw_value is not raw_key and getattr(native, self.value_attr)[slot] is not raw_value  # type: ignore[arg-type]
+            )
+        except Exception:  # noqa: BLE001 - unserved id, no values, or the buffers went away
+            stale = True
+        if stale:
+            if not self.kind.has_values:
+                self._missing_value(layer_id)
+            self._fresh(layer_id)
+            pair = self._pairs[layer_id][0]
         if wait and self._waits:
             counter = getattr(self._wait_owner, "layer_transfer_counter", None)
             if counter is not None:
@@ -344,7 +425,8 @@ class LeafAdapter(AdapterBase):
         layer = layer_id if type(layer_id) is int else coerce_layer_id(layer_id, self._name)
         found = self._layouts.get(layer)
         if found is None:
-            value = self._values.get(layer)
+            entry = self._values.get(layer)
+            value = None if entry is None else entry[0]
             found = self.detect_layout(layer, key, value)
             self._layouts[layer] = found
         return found
@@ -425,13 +507,15 @@ class LeafAdapter(AdapterBase):
             (torch.Size([2, 1, 576]), torch.Size([2, 1, 512]))
         """
         key_buffer = self.get_key_buffer(layer_id, wait=wait)
+        value_buffer = None
+        if self.value_attr is not None:  # checked before the layout: it may rebuild the tables
+            value_buffer = self.get_value_buffer(layer_id, wait=False)
         spec = self.layout(layer_id)
         keys = read_rows(
             spec.key, key_buffer, loc, self.page_size, heads=spec.key.heads,
             fnuz=spec.fnuz, validate=validate, impl=impl,
         )  # fmt: skip
-        if spec.value is not None:
-            value_buffer = self.get_value_buffer(layer_id, wait=False)
+        if spec.value is not None and value_buffer is not None:
             values = read_rows(
                 spec.value, value_buffer, loc, self.page_size, heads=spec.value.heads,
                 fnuz=spec.fnuz, validate=validate, impl=impl,
@@ -461,8 +545,11 @@ class LeafAdapter(AdapterBase):
         the native ``set_kv_buffer``, which raises. Everything is checked before
         the first byte moves: layer id, ``loc`` (integer, 1-D, on the pool's
         device, in range, no duplicates), shapes, dtypes and — with
-        ``check_finite`` — NaN/Inf. On error nothing is written, and the
-        caller's tensors are never modified.
+        ``check_finite`` — NaN/Inf and overflow. Every part is encoded before the
+        first scatter, and a fault while storing puts the old bytes back; on any
+        error nothing is written, and the caller's tensors are never modified.
+        Values that alias the pool's storage (a "move tokens" call) are copied
+        first. See ``docs/atomic-writes.md``.
 
         Args:
             layer_id: absolute model layer id.
@@ -471,9 +558,10 @@ class LeafAdapter(AdapterBase):
             value: split pools: the values (required). Latent and single-KV pools
                 store the value inside the key row: pass None (or the key itself /
                 its prefix view). Key-only pools: None.
-            check_finite: reject NaN/Inf (and values beyond an unscaled format's
-                range) with :class:`~kvcompat.WriteError`; False stores them exactly
-                as SGLang's store would.
+            check_finite: reject NaN/Inf and values beyond what their segment can
+                represent (a bf16 rope tail, fp4 tiles, unscaled e4m3, the fp32 compute
+                range) with :class:`~kvcompat.WriteError` (one host sync per part);
+                False stores them exactly as SGLang's store would, with no sync.
             validate: run the checks (False skips them, for CUDA-graph capture).
             impl: ``"auto"``, ``"torch"`` or ``"triton"``.
 
@@ -494,6 +582,9 @@ class LeafAdapter(AdapterBase):
         """
         key_buffer = self.get_key_buffer(layer_id, wait=False)
         layer = layer_id if type(layer_id) is int else coerce_layer_id(layer_id, self._name)
+        value_buffer = None
+        if self.value_attr is not None:  # checked before the layout: it may rebuild the tables
+            value_buffer = self.get_value_buffer(layer, wait=False)
         spec = self.layout(layer)
         page_size = self.page_size
         plans = [
@@ -502,14 +593,13 @@ class LeafAdapter(AdapterBase):
                 check_finite=check_finite, validate=validate,
             )
         ]  # fmt: skip
-        if spec.value is not None:
+        if spec.value is not None and value_buffer is not None:
             if value is None:
                 msg = (
                     f"{self._name} stores keys and values separately; write() got no value "
                     f"for layer {layer}.\nHint: pass the values: pool.write(layer, loc, k, v)."
                 )
                 raise WriteError(msg)
-            value_buffer = self._values[layer]
             plans.append(
                 plan_write(
                     spec.value, value_buffer, loc, value, page_size, what="value",
@@ -568,7 +658,7 @@ class LeafAdapter(AdapterBase):
             >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)).device
             device(type='cpu')
         """
-        for key in self._keys.values():
+        for key, _, _ in self._keys.values():
             return key.device
         return torch.device(self._native.device)
 
@@ -673,6 +763,7 @@ class SplitAdapter(LeafAdapter):
 
     kind = PoolKind.SPLIT
     source_attr = "k_buffer"
+    value_attr = "v_buffer"
     io_family = "split"
     buffers = (
         Buffer("k_buffer", "key"),

@@ -16,7 +16,7 @@ import torch
 if TYPE_CHECKING:
     from kvcompat.layouts._spec import LayoutSpec
 
-__all__ = ["byte_rows", "gather_rows", "scatter_rows", "token_views"]
+__all__ = ["byte_rows", "gather_rows", "scatter_rows", "scatter_targets", "token_views"]
 
 
 def byte_rows(buf: torch.Tensor) -> torch.Tensor:
@@ -97,6 +97,28 @@ def gather_rows(
     return data, scale_rows.index_select(0, scale_index)
 
 
+def scatter_targets(
+    spec: LayoutSpec, buf: torch.Tensor, loc: torch.Tensor, page_size: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``[(rows_view, index)]`` that a write of tokens ``loc`` stores into, data first.
+
+    Each ``rows_view`` is a ``[rows, width]`` uint8 view of ``buf`` and ``index`` (int64)
+    picks the rows the write replaces: ``rows_view.index_copy_(0, index, bytes)`` stores
+    them, ``rows_view.index_select(0, index)`` reads back what is there. The scale entry
+    is absent when the layout writes no scale row bytes (its scales live in the data row,
+    or it has none); it covers only the written scale bytes, never ``scale_pad``.
+    ``loc`` must be int64 and in range (validated by the caller).
+    """
+    flat, data_index, scale_index, scale_base, scale_stride = _regions(spec, buf, loc, page_size)
+    data_stride, _, _ = spec.row_addressing(spec.tokens_per_row(page_size))
+    targets = [(_region_rows(flat, base=0, stride=data_stride, width=spec.data_bytes), data_index)]
+    written = spec.scale_bytes_written
+    if written:
+        scale_rows = _region_rows(flat, base=scale_base, stride=scale_stride, width=written)
+        targets.append((scale_rows, scale_index))
+    return targets
+
+
 def scatter_rows(
     spec: LayoutSpec,
     buf: torch.Tensor,
@@ -110,11 +132,6 @@ def scatter_rows(
     ``loc`` must be int64, in range and free of duplicates (validated by the caller). The
     scale row's trailing ``scale_pad`` bytes are left as they are.
     """
-    flat, data_index, scale_index, scale_base, scale_stride = _regions(spec, buf, loc, page_size)
-    data_stride, _, _ = spec.row_addressing(spec.tokens_per_row(page_size))
-    data_rows = _region_rows(flat, base=0, stride=data_stride, width=spec.data_bytes)
-    data_rows.index_copy_(0, data_index, data)
-    written = spec.scale_bytes_written
-    if written:
-        scale_rows = _region_rows(flat, base=scale_base, stride=scale_stride, width=written)
-        scale_rows.index_copy_(0, scale_index, scale)
+    targets = scatter_targets(spec, buf, loc, page_size)
+    for (rows, index), source in zip(targets, (data, scale), strict=False):
+        rows.index_copy_(0, index, source)

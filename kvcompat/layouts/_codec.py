@@ -6,6 +6,13 @@ pure-torch path ("torch twin": gather or encode, scatter) or one fused Triton ke
 default) takes the kernel for CUDA tensors when triton is installed and a kernel serves
 the call, the twin otherwise; ``"torch"`` and ``"triton"`` force one. Triton is imported
 only when a kernel is actually chosen.
+
+Writes are all or nothing (see ``docs/atomic-writes.md``). On the torch path every part of
+a write (key, value; data rows, scale rows) and every CPU chunk is encoded before the
+first byte of the pool moves; the bytes every scatter but the last one will overwrite are
+saved, and restored if anything raises before the write completes. Each scatter is one
+``index_copy_``. On the Triton path everything is checked (locations, values, and that a
+kernel serves every part) before the first launch, and each part is one fused kernel.
 """
 
 from __future__ import annotations
@@ -17,18 +24,27 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcompat._errors import LayoutError
+from kvcompat._errors import ImplError, KernelUnavailableError, LayoutError
 from kvcompat._protocol import Impl
-from kvcompat.layouts._addressing import gather_rows, scatter_rows
+from kvcompat.layouts._addressing import gather_rows, scatter_targets
+from kvcompat.layouts._plain import PLAIN_CODEC
 from kvcompat.layouts._registry import get_layout
-from kvcompat.layouts._validate import check_read, check_write
+from kvcompat.layouts._validate import check_read, check_write, unaliased
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from kvcompat.layouts._spec import LayoutSpec
 
-__all__ = ["Impl", "dequantize", "quantize"]
+__all__ = [
+    "Impl",
+    "check_impl",
+    "commit",
+    "dequantize",
+    "encode_part",
+    "quantize",
+    "quantize_parts",
+]
 
 # Defined once, in kvcompat._protocol (re-exported here for the codec's callers).
 
@@ -73,6 +89,50 @@ def _launchers() -> Any:
     return _LAUNCHERS[0]
 
 
+def check_impl(impl: object) -> None:
+    """Raise :class:`~kvcompat.ImplError` unless ``impl`` is "auto", "torch" or "triton".
+
+    Example:
+        >>> check_impl("torch")
+    """
+    if type(impl) is not str or impl not in ("auto", "torch", "triton"):
+        msg = (
+            f"impl must be 'auto', 'torch' or 'triton'; received {impl!r}. "
+            "Hint: leave it out ('auto' picks the Triton kernel on CUDA when one serves "
+            "the call, the torch twin otherwise)."
+        )
+        raise ImplError(msg)
+
+
+def _kernel_gap(
+    spec: LayoutSpec,
+    buf: object,
+    *,
+    write: bool,
+    fnuz: bool,
+    values_dtype: torch.dtype | None,
+) -> str | None:
+    """Why ``impl="triton"`` cannot serve this call (None when a kernel can).
+
+    Imports triton (an ImportError naming pip when it is missing).
+    """
+    launch = _launchers()
+    if not isinstance(buf, torch.Tensor):
+        return None  # validation explains what buf must be
+    device = buf.device.type
+    if device != "cuda" and not (device == "cpu" and launch.INTERPRETED):
+        return (
+            f"the Triton kernels need CUDA tensors, or CPU tensors under the Triton "
+            f"interpreter (TRITON_INTERPRET=1 set before triton is imported); the buffer "
+            f"is on {buf.device}"
+        )
+    if buf.data_ptr() % 16:
+        return "the buffer does not start at a multiple of 16 bytes"
+    from kvcompat.kernels._plan import unsupported  # noqa: PLC0415 - keeps imports light
+
+    return unsupported(spec, write=write, fnuz=fnuz, values_dtype=values_dtype)
+
+
 def _use_kernel(
     impl: object,
     spec: LayoutSpec,
@@ -82,14 +142,24 @@ def _use_kernel(
     fnuz: bool,
     values_dtype: torch.dtype | None = None,
 ) -> bool:
-    """Whether this call goes to a Triton kernel (``impl`` resolved)."""
-    if impl == "torch":
+    """Whether this call goes to a Triton kernel (``impl`` resolved).
+
+    ``impl="triton"`` where no kernel serves the call raises
+    :class:`~kvcompat.KernelUnavailableError` here, before anything is read or written.
+    """
+    if impl == "torch" and type(impl) is str:
         return False
-    if impl == "triton":
+    if impl == "triton" and type(impl) is str:
+        gap = _kernel_gap(spec, buf, write=write, fnuz=fnuz, values_dtype=values_dtype)
+        if gap is not None:
+            msg = (
+                f"impl='triton' cannot serve this {'write' if write else 'read'} of layout "
+                f"{spec.name!r}: {gap}. Hint: use impl='auto' (it falls back to the torch "
+                "twin by itself) or impl='torch'."
+            )
+            raise KernelUnavailableError(msg)
         return True
-    if impl != "auto":
-        msg = f"impl must be 'auto', 'torch' or 'triton'; received {impl!r}."
-        raise ValueError(msg)
+    check_impl(impl)
     if not isinstance(buf, torch.Tensor) or buf.device.type != "cuda":
         return False
     if buf.data_ptr() % 16 or not _triton_installed():
@@ -159,7 +229,9 @@ def dequantize(
     Raises:
         LayoutError: bad buffer, page size, locations or ``out``; ``fnuz`` on a layout
             without it.
-        NotImplementedError: ``impl="triton"`` where no kernel serves the call.
+        KernelUnavailableError: ``impl="triton"`` where no kernel serves the call (a
+            ``NotImplementedError``), checked before anything is read or written.
+        ImplError: ``impl`` is not ``"auto"``, ``"torch"`` or ``"triton"`` (a ``ValueError``).
         ImportError: ``impl="triton"`` without triton installed.
 
     Example:
@@ -218,7 +290,10 @@ def quantize(
 
     Exactly the written tokens' data rows and the scale bytes SGLang's writers store
     change; every other byte (other tokens, V4's scale pad byte, page padding) keeps its
-    value. ``values`` and ``loc`` are never modified. All checks run before any byte moves.
+    value. ``values`` and ``loc`` are never modified. All checks run before any byte moves,
+    and the write is all or nothing even when something raises while it stores (every CPU
+    chunk is encoded first; see :func:`commit`). Values that share memory with ``buf`` are
+    copied first.
 
     Args:
         layout: a :class:`LayoutSpec` or anything :func:`get_layout` accepts.
@@ -229,9 +304,11 @@ def quantize(
         page_size: the pool's page size in tokens.
         fnuz: write V4 bytes as SGLang's ROCm e4m3fnuz Triton store does (never the
             default: those bytes differ from the CUDA store's).
-        check_finite: reject NaN/Inf values (and out-of-range values for unscaled
-            layouts) with :class:`~kvcompat.WriteError`; with False they are encoded as
-            SGLang's store would (documented per layout).
+        check_finite: reject NaN/Inf values, and values beyond what their segment can
+            represent (:func:`~kvcompat.layouts._validate.value_limits`: a bf16 rope tail,
+            fp4 tiles, unscaled e4m3, the fp32 compute range), with
+            :class:`~kvcompat.WriteError`; one host sync. With False nothing is checked
+            (no sync) and they are encoded as SGLang's store would (documented per layout).
         validate: run :func:`check_write` first (set False only when the caller already
             did, passing its normalised ``values`` and ``loc``). The check reads values
             back to the host, so a write inside CUDA-graph capture needs ``False``.
@@ -243,7 +320,9 @@ def quantize(
         LayoutError: bad buffer or page size; ``fnuz`` on a layout without it.
         WriteError: bad locations (dtype, shape, device, range, duplicates) or values
             (dtype, shape, device, non-finite).
-        NotImplementedError: ``impl="triton"`` where no kernel serves the call.
+        KernelUnavailableError: ``impl="triton"`` where no kernel serves the call (a
+            ``NotImplementedError``), checked before anything is read or written.
+        ImplError: ``impl`` is not ``"auto"``, ``"torch"`` or ``"triton"`` (a ``ValueError``).
         ImportError: ``impl="triton"`` without triton installed.
 
     Example:
@@ -261,10 +340,134 @@ def quantize(
         rows, loc = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     else:
         rows = values.reshape(values.shape[0], spec.dim)
+        rows = rows.detach() if rows.requires_grad else rows
+    rows = unaliased(rows, (buf,))
     if kernel:
         _launchers().quantize_scatter(spec, rows, buf, loc, page_size, fnuz=fnuz)
         return
-    loc64 = loc.long()
-    for part in _chunks(loc64.numel(), buf.device):
-        data, scale = spec.codec.encode(spec, rows[part], fnuz=fnuz)
-        scatter_rows(spec, buf, loc64[part], page_size, data, scale)
+    commit(encode_part(spec, rows, buf, loc.long(), page_size, fnuz=fnuz))
+
+
+Store = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""One scatter of a write: ``(rows_view, index, source)``, applied as
+``rows_view.index_copy_(0, index, source)``."""
+
+
+def _encode_rows(
+    spec: LayoutSpec, rows: torch.Tensor, *, fnuz: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode all ``rows`` (chunk by chunk on the CPU) before anything is stored."""
+    n = rows.shape[0]
+    steps = [slice(0, n)] if spec.codec is PLAIN_CODEC else list(_chunks(n, rows.device))
+    if len(steps) <= 1:
+        return spec.codec.encode(spec, rows, fnuz=fnuz)
+    data = torch.empty((n, spec.data_bytes), dtype=torch.uint8, device=rows.device)
+    scale = torch.empty((n, spec.scale_bytes_written), dtype=torch.uint8, device=rows.device)
+    for step in steps:
+        data[step], scale[step] = spec.codec.encode(spec, rows[step], fnuz=fnuz)
+    return data, scale
+
+
+def encode_part(
+    spec: LayoutSpec,
+    rows: torch.Tensor,
+    buf: torch.Tensor,
+    loc64: torch.Tensor,
+    page_size: int,
+    *,
+    fnuz: bool,
+) -> list[Store]:
+    """Encode one buffer's part of a write into its scatters; nothing is stored yet.
+
+    ``rows`` are the validated ``[n, dim]`` values and ``loc64`` the int64 locations
+    (:func:`check_write`'s results).
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> buf = torch.zeros(1, V4.page_bytes(64), dtype=torch.uint8)
+        >>> stores = encode_part(V4, torch.ones(2, 512), buf, torch.tensor([0, 1]), 64, fnuz=False)
+        >>> [tuple(source.shape) for _, _, source in stores], int(buf.count_nonzero())
+        ([(2, 576), (2, 7)], 0)
+    """
+    if rows.shape[0] == 0:
+        return []
+    data, scale = _encode_rows(spec, rows, fnuz=fnuz)
+    targets = scatter_targets(spec, buf, loc64, page_size)
+    return [
+        (view, index, source) for (view, index), source in zip(targets, (data, scale), strict=False)
+    ]
+
+
+def commit(stores: Sequence[Store]) -> None:
+    """Apply every scatter of a write, all or nothing.
+
+    The scatters run smallest first. Before the first one, the bytes that every scatter
+    but the last (the largest) will overwrite are read back; if anything raises before
+    the last scatter has returned, they are put back, so the buffers hold exactly what
+    they held before. The last scatter needs no copy: a single ``index_copy_`` either
+    stores all its rows or raises before storing any.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> buf = torch.zeros(1, V4.page_bytes(64), dtype=torch.uint8)
+        >>> commit(encode_part(V4, torch.ones(1, 512), buf, torch.tensor([3]), 64, fnuz=False))
+        >>> int(buf[0, 3 * 576])  # token 3's first e4m3 code (1.0 at scale 2**-8)
+        120
+    """
+    if not stores:
+        return
+    ordered = sorted(stores, key=lambda store: store[2].numel())
+    saved = [view.index_select(0, index) for view, index, _ in ordered[:-1]]
+    started = 0
+    try:
+        for view, index, source in ordered:
+            started += 1
+            view.index_copy_(0, index, source)
+    except BaseException:
+        for (view, index, _), old in zip(ordered[:started], saved, strict=False):
+            view.index_copy_(0, index, old)
+        raise
+
+
+def quantize_parts(
+    parts: Sequence[tuple[LayoutSpec, torch.Tensor, torch.Tensor, torch.Tensor]],
+    page_size: int,
+    *,
+    fnuz: bool = False,
+    impl: Impl = "auto",
+) -> None:
+    """Store several validated parts of one write (key and value buffers), all or nothing.
+
+    Each part is ``(spec, rows, buf, loc64)`` as :func:`check_write` returned them. The
+    kernel choice is made for every part before anything is stored (``"auto"`` takes the
+    kernels only when one serves every part); on the torch path all parts are encoded
+    first and stored by one :func:`commit`.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> spec = mha_layout(1, 4, torch.float32)
+        >>> k, v = torch.zeros(8, 1, 4), torch.zeros(8, 1, 4)
+        >>> loc = torch.tensor([2])
+        >>> parts = [(spec, torch.ones(1, 4), k, loc), (spec, torch.full((1, 4), 2.0), v, loc)]
+        >>> quantize_parts(parts, 16)
+        >>> k[2, 0, 0].item(), v[2, 0, 0].item()
+        (1.0, 2.0)
+    """
+    buffers = tuple(buf for _, _, buf, _ in parts)
+    parts = [(spec, unaliased(rows, buffers), buf, loc) for spec, rows, buf, loc in parts]
+    kernels = [
+        _use_kernel(impl, spec, buf, write=True, fnuz=fnuz, values_dtype=rows.dtype)
+        for spec, rows, buf, _ in parts
+    ]
+    if all(kernels) and parts:
+        launch = _launchers().quantize_scatter
+        for spec, rows, buf, loc in parts:
+            launch(spec, rows, buf, loc, page_size, fnuz=fnuz)
+        return
+    stores: list[Store] = []
+    for spec, rows, buf, loc in parts:
+        stores.extend(encode_part(spec, rows, buf, loc.long(), page_size, fnuz=fnuz))
+    commit(stores)

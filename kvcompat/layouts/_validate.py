@@ -9,15 +9,24 @@ Policies:
 * **Duplicate locations** in one write raise ``WriteError``: on a GPU the surviving value
   would be whichever thread stored last, so the result would not be reproducible.
   Reads may repeat locations.
-* **NaN / Inf**: with ``check_finite=True`` (the default) a write raises ``WriteError``
-  when any value is NaN or +-Inf, or (for layouts that store values without a scale) when
-  a finite value exceeds the storage format's largest finite magnitude. With
-  ``check_finite=False`` the codecs encode such values exactly as SGLang's store would;
-  each layout's page documents what that is.
+* **NaN / Inf / overflow**: with ``check_finite=True`` (the default) a write raises
+  ``WriteError`` when any value is NaN or +-Inf, or when a finite value is beyond what its
+  segment can represent (:func:`value_limits`): a bf16 rope tail (``|x| <= 3.39e38``,
+  else it would round to inf), an fp4 tile (``|x| <= 6 * 448 = 2688``, else it would
+  saturate), an unscaled e4m3 / fp16 / ... element (the format's largest finite value),
+  and for every layout the fp32 range its codec computes in (an fp64 ``1e39`` would
+  become inf). The check is one ``amax`` of ``|values|`` and one host sync (a column-wise
+  second pass only when a value exceeds the layout's smallest segment limit). With
+  ``check_finite=False`` nothing is checked (no sync) and the codecs encode such values
+  exactly as SGLang's store would; each layout's page documents what that is.
+* **Aliasing**: values that share memory with a buffer the write stores into (a "move
+  tokens" call ``write(l, dst, pool.get_key_buffer(l)[a:b])``) are copied first
+  (:func:`unaliased`), so the write reads the old bytes, as if values were a copy.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -25,11 +34,22 @@ import torch
 
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._spec import Encoding, SegmentRole
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kvcompat.layouts._spec import LayoutSpec
 
-__all__ = ["check_buffer", "check_page_size", "check_read", "check_write"]
+__all__ = [
+    "check_buffer",
+    "check_page_size",
+    "check_read",
+    "check_write",
+    "overlaps",
+    "unaliased",
+    "value_limits",
+]
 
 _INTEGER_DTYPES = frozenset(
     {
@@ -43,7 +63,28 @@ _INTEGER_DTYPES = frozenset(
         torch.uint64,
     }
 )
+_VALUE_DTYPES = frozenset(
+    {
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.float8_e4m3fn,
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2,
+        torch.float8_e5m2fnuz,
+    }
+)
 _SHOWN = 5  # offending values quoted in an error message
+
+
+def _not_dense(tensor: torch.Tensor) -> str | None:
+    """How ``tensor`` is not a plain strided tensor (nested, sparse, mkldnn), or None."""
+    if tensor.is_nested:
+        return "a nested tensor"
+    if tensor.layout != torch.strided:
+        return f"a {str(tensor.layout).removeprefix('torch.')} tensor"
+    return None
 
 
 def _preview(values: torch.Tensor) -> str:
@@ -105,6 +146,13 @@ def _check_loc(
         msg = (
             f"loc must be a 1-D integer torch.Tensor; received {type(loc).__name__}. "
             "Hint: torch.as_tensor(loc, dtype=torch.int64, device=buf.device)."
+        )
+        raise error(msg)
+    kind = _not_dense(loc)
+    if kind is not None:
+        msg = (
+            f"loc must be a dense 1-D integer tensor; received {kind}. "
+            "Hint: pass loc.to_dense() (or torch.cat of the nested pieces)."
         )
         raise error(msg)
     if loc.dtype not in _INTEGER_DTYPES:
@@ -191,10 +239,19 @@ def _check_values(
     if not isinstance(values, torch.Tensor):
         msg = f"values must be a torch.Tensor; received {type(values).__name__}."
         raise WriteError(msg)
-    if not values.dtype.is_floating_point:
+    kind = _not_dense(values)
+    if kind is not None:
         msg = (
-            f"values must have a floating dtype; received {values.dtype}. "
-            "Hint: pass the key rows as bf16, fp16 or fp32."
+            f"values must be a dense (strided) tensor; received {kind}. "
+            "Hint: pass values.to_dense()."
+        )
+        raise WriteError(msg)
+    if values.dtype not in _VALUE_DTYPES:
+        accepted = ", ".join(sorted(str(d).removeprefix("torch.") for d in _VALUE_DTYPES))
+        msg = (
+            f"values must have a real floating dtype kvcompat can encode ({accepted}); "
+            f"received {values.dtype}. "
+            "Hint: pass the key rows as bf16, fp16 or fp32 (dequantize packed inputs first)."
         )
         raise WriteError(msg)
     shapes = _value_shapes(spec, n)
@@ -212,35 +269,191 @@ def _check_values(
         )
         raise WriteError(msg)
     rows = values.reshape(n, spec.dim)
+    if rows.requires_grad:
+        rows = rows.detach()  # storing must not make the pool's buffer part of a graph
     if check_finite and n:
         _check_finite(spec, rows)
     return rows
 
 
+_FP32_MAX = float(torch.finfo(torch.float32).max)
+_ENCODING_MAX = {
+    Encoding.E4M3FN: 448.0,
+    Encoding.E4M3FNUZ: 240.0,
+    Encoding.E5M2: float(torch.finfo(torch.float8_e5m2).max),
+    Encoding.E2M1X2: 6.0,
+    Encoding.BF16: float(torch.finfo(torch.bfloat16).max),
+    Encoding.FP16: float(torch.finfo(torch.float16).max),
+    Encoding.FP32: _FP32_MAX,
+    Encoding.UE8M0: 2.0**127,
+}
+
+
+_E4M3_UNDER_2_POW_128 = 1.875 * 2.0**127  # the largest 4-significant-bit value below 2**128
+
+
+def _segment_limit(spec: LayoutSpec, encoding: Encoding, *, scaled: bool) -> tuple[float, str]:
+    element = _ENCODING_MAX[encoding]
+    if scaled and spec.scale_encoding is not None:
+        limit = element * _ENCODING_MAX[spec.scale_encoding]
+        why = f"{encoding.value} codes with {spec.scale_encoding.value} scales"
+        if spec.scale_encoding is Encoding.UE8M0 and encoding in (
+            Encoding.E4M3FN,
+            Encoding.E4M3FNUZ,
+        ):
+            # Power-of-two scales keep e4m3's 4 significant bits: values that round up to
+            # 2**128 would read back as inf.
+            limit = min(limit, _E4M3_UNDER_2_POW_128)
+    else:
+        limit = element
+        why = f"{encoding.value}, no scale"
+    read_max = float(torch.finfo(spec.output_dtype).max)
+    if read_max < limit:
+        limit, why = read_max, f"{why}; read back as {spec.output_dtype}"
+    if limit > _FP32_MAX:
+        limit, why = _FP32_MAX, f"{why}; fp32 compute range"
+    return limit, why
+
+
+@functools.cache
+def value_limits(spec: LayoutSpec) -> tuple[tuple[str, int, int, float, str], ...]:
+    """The largest magnitude each value column of a write can hold without inf or saturation.
+
+    Returns ``(segment, first column, end column, limit, why)`` runs covering columns
+    ``0 .. spec.dim``, in value order. A bf16 rope tail holds ``|x| <= 3.39e38`` (larger
+    values round to inf); a scaled segment holds its element maximum times its scale
+    maximum (fp4 e2m1 x e4m3: 2688, beyond which values saturate; e4m3 with power-of-two
+    scales: 1.875 * 2**127, above which values round to 2**128, inf on read); an unscaled
+    one its element maximum; and nothing holds more than the dtype reads return or the
+    fp32 range the codecs compute in.
+
+    Example:
+        >>> from kvcompat.layouts import V4, V41_FP4
+        >>> [(name, lo, hi, f"{limit:.3g}") for name, lo, hi, limit, _ in value_limits(V4)]
+        [('nope', 0, 448, '3.19e+38'), ('rope', 448, 512, '3.39e+38')]
+        >>> value_limits(V41_FP4)[0][3]
+        2688.0
+    """
+    runs: list[tuple[str, int, int, float, str]] = []
+    column = 0
+    for segment in spec.segments:
+        if segment.role not in (SegmentRole.DATA, SegmentRole.ROPE) or segment.encoding is None:
+            continue
+        scaled = segment.role is SegmentRole.DATA
+        limit, why = _segment_limit(spec, segment.encoding, scaled=scaled)
+        if spec.unscaled_max is not None and spec.unscaled_max < limit:
+            limit, why = spec.unscaled_max, f"{why}; layout maximum"
+        runs.append((segment.name, column, column + segment.elements, limit, why))
+        column += segment.elements
+    if column != spec.dim:  # a layout whose segments do not list its values: one safe bound
+        limit = min((run[3] for run in runs), default=_FP32_MAX)
+        return (("values", 0, spec.dim, limit, "smallest segment bound"),)
+    return tuple(runs)
+
+
+# Keyed by the spec's id (hashing a LayoutSpec hashes all its fields: too slow per write);
+# the entry keeps the spec alive, so the id cannot be reused.
+_LIMIT_TENSORS: dict[tuple[int, torch.device], tuple[LayoutSpec, torch.Tensor]] = {}
+
+
+def _limit_tensor(spec: LayoutSpec, device: torch.device) -> torch.Tensor:
+    found = _LIMIT_TENSORS.get((id(spec), device))
+    if found is None:
+        limits = torch.empty(spec.dim, dtype=torch.float32)
+        for _, lo, hi, limit, _ in value_limits(spec):
+            limits[lo:hi] = limit
+        found = (spec, limits.to(device))
+        _LIMIT_TENSORS[(id(spec), device)] = found
+    return found[1]
+
+
+_SMALLEST_LIMIT: dict[int, tuple[LayoutSpec, float]] = {}
+
+
+def _smallest_limit(spec: LayoutSpec) -> float:
+    found = _SMALLEST_LIMIT.get(id(spec))
+    if found is None:
+        found = (spec, min(run[3] for run in value_limits(spec)))
+        _SMALLEST_LIMIT[id(spec)] = found
+    return found[1]
+
+
 def _check_finite(spec: LayoutSpec, rows: torch.Tensor) -> None:
     wide = rows if rows.dtype.itemsize > 1 else rows.to(torch.float32)
-    limit = spec.unscaled_max
-    # One reduction decides the common case: amax propagates NaN, and inf is not finite.
-    peak = float(wide.abs().amax())
-    if math.isfinite(peak) and (limit is None or peak <= limit):
+    magnitude = wide.abs()
+    # One reduction and one host sync decide the common case: amax propagates NaN (and
+    # NaN <= x is False), inf is above every limit, and values under the smallest segment
+    # limit fit everywhere.
+    peak = float(magnitude.amax())
+    if peak <= _smallest_limit(spec):
         return
-    bad = ~torch.isfinite(wide)
-    if limit is not None:
-        bad |= wide.abs() > limit
+    limits = _limit_tensor(spec, rows.device)
+    if math.isfinite(peak) and bool((magnitude.amax(dim=0) <= limits).all()):
+        return  # large values, but each within its own segment's limit
+    bad = ~(magnitude <= limits)
     where = bad.nonzero()
     row, col = (int(v) for v in where[0])
     first = float(wide[row, col])
-    if limit is None:
-        expected = "finite values"
-    else:
-        expected = f"finite values with |x| <= {limit:g} (layout {spec.name!r} has no scale)"
+    name, _, _, limit, why = next(run for run in value_limits(spec) if run[1] <= col < run[2])
     msg = (
         f"values hold {where.shape[0]} element(s) that cannot be stored; the first is "
-        f"{first!r} at token {row}, column {col}; expected {expected}. "
+        f"{first!r} at token {row}, column {col} (segment {name!r} of layout {spec.name!r}); "
+        f"expected finite values with |x| <= {limit:.6g} there ({why}). "
         "Hint: fix the producer, or pass check_finite=False to store them exactly as "
-        "SGLang's store would."
+        "SGLang's store would (inf, NaN or saturated bytes, as the layout's page documents)."
     )
     raise WriteError(msg)
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """``[first, last + 1)`` byte addresses ``tensor`` can touch, or None when empty."""
+    count = tensor.numel()
+    if count == 0:
+        return None
+    start = tensor.data_ptr()
+    if tensor.is_contiguous():
+        return start, start + count * tensor.element_size()
+    extent = sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
+    return start, start + (extent + 1) * tensor.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` can share bytes (same device, intersecting address ranges).
+
+    Conservative: two interleaved strided views that never touch the same element count
+    as overlapping. Reads no tensor data (no host sync).
+
+    Example:
+        >>> import torch
+        >>> buf = torch.zeros(8, 4)
+        >>> overlaps(buf[2:4], buf), overlaps(buf[2:4], buf[4:]), overlaps(buf.clone(), buf)
+        (True, False, False)
+    """
+    span_a, span_b = _span(a), _span(b)
+    if span_a is None or span_b is None:
+        return False
+    return span_a[0] < span_b[1] and span_b[0] < span_a[1] and a.device == b.device
+
+
+def unaliased(values: torch.Tensor, buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``values``, or a contiguous copy of it when it shares memory with any of ``buffers``.
+
+    A write stores into ``buffers``; values that are a view of them (``write(l, dst,
+    pool.get_key_buffer(l)[a:b])``, a natural "move tokens" call) would otherwise be read
+    while they are being overwritten. Copying keeps the meaning "store these values as
+    they were when the call began". Costs pointer arithmetic only, unless a copy is due.
+
+    Example:
+        >>> import torch
+        >>> buf = torch.arange(8.0).view(4, 2)
+        >>> unaliased(buf[1:3], (buf,)).data_ptr() == buf[1:3].data_ptr()
+        False
+    """
+    if any(overlaps(values, buf) for buf in buffers):
+        return values.clone(memory_format=torch.contiguous_format)
+    return values
 
 
 def check_write(

@@ -140,9 +140,19 @@ def test_names_match_through_a_module_that_is_loaded() -> None:
 
 def test_sglang_class_names_match_in_moved_modules() -> None:
     # A release that moves DeepSeekV4SingleKVPool to another sglang module keeps working.
+    name = "sglang.srt.mem_cache.moved_somewhere_else"
     cls = types.new_class("DeepSeekV4SingleKVPool")
-    cls.__module__ = "sglang.srt.mem_cache.moved_somewhere_else"
-    assert kvcompat.is_single_kv_pool(cls)
+    cls.__module__ = name
+    assert kvcompat.pool_kind(cls) is None  # that module was never imported: not a real class
+    module = types.ModuleType(name)
+    module.DeepSeekV4SingleKVPool = cls  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    try:
+        _registry._cache.clear()
+        assert kvcompat.is_single_kv_pool(cls)
+    finally:
+        del sys.modules[name]
+        _registry._cache.clear()
     other = types.new_class("DeepSeekV4SingleKVPool")
     other.__module__ = "notsglang.srt.mem_cache.moved_somewhere_else"
     assert kvcompat.pool_kind(other) is None

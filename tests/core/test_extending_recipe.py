@@ -13,6 +13,7 @@ import torch
 import kvcompat
 from kvcompat import PoolKind
 from kvcompat.adapters import Buffer, LayerLayout, LeafAdapter
+from kvcompat.compat import LogicalView
 from kvcompat.layouts import V4
 from kvcompat.testing import check_pool
 
@@ -113,5 +114,12 @@ def test_compat_and_check_pool(taught: None) -> None:
     legacy = kvcompat.compat(native)
     k, v = legacy.get_kv_buffer(0)
     assert k is v
-    assert k is native.pages[0]
+    # A packed pool's buffers come back as logical token-row views over the very pages.
+    assert isinstance(k, LogicalView)
+    assert k.storage_tensor is native.pages[0]
+    assert list(k.shape)[-2:] == [1, 512]
+    loc = torch.tensor([0, 5, 70])
+    pool = kvcompat.adapt(native)
+    pool.write(0, loc, torch.randn(3, 1, 512, dtype=torch.bfloat16))
+    assert torch.equal(k[loc].reshape(3, -1), pool.read(0, loc).reshape(3, -1))
     assert check_pool(native).ok

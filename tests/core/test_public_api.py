@@ -13,14 +13,17 @@ import kvcompat.testing
 
 PUBLIC = [
     "CompatPool",
+    "ImplError",
     "KVCompatError",
     "KVPair",
     "KVPoolProtocol",
+    "KernelUnavailableError",
     "LayerIdTypeError",
     "LayerOutOfRangeError",
     "LayoutError",
     "NoValueBufferError",
     "PoolKind",
+    "PoolStateError",
     "SupportsGetKeyBuffer",
     "UnsupportedPoolError",
     "WriteError",

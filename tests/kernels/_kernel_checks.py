@@ -76,7 +76,9 @@ def write_matches_twin(
     outside = ~writable_mask(spec, buf, loc.tolist(), page_size).to(device)
     for fnuz in (False, True) if spec.supports_fnuz else (False,):
         theirs, ours = buf.clone(), buf.clone()
-        kwargs = {"check_finite": not non_finite, "fnuz": fnuz}
+        # The large tiles saturate fp4 (|x| > 2688), which only check_finite=False allows.
+        saturates = spec.data_encoding.value == "e2m1x2"
+        kwargs = {"check_finite": not (non_finite or saturates), "fnuz": fnuz}
         quantize(spec, values, theirs, loc.to(device), page_size, impl="torch", **kwargs)
         quantize(spec, values, ours, loc.to(device, loc_dtype), page_size, impl="triton", **kwargs)
         diff = as_bytes(ours) != as_bytes(theirs)

@@ -219,7 +219,7 @@ def test_v41_fp4_scale_is_rounded_amax_over_six() -> None:
     values = torch.zeros(len(amaxes), 512)
     values[:, 0] = torch.tensor(amaxes)
     buf = torch.zeros(len(amaxes), V41_FP4.page_bytes(1), dtype=torch.uint8)
-    quantize(V41_FP4, values, buf, torch.arange(len(amaxes)), 1)
+    quantize(V41_FP4, values, buf, torch.arange(len(amaxes)), 1, check_finite=False)
     for t, amax in enumerate(amaxes):
         quotient = min(max(f32(amax / 6.0), 2.0**-9), 448.0)
         expected = torch.tensor(quotient).to(torch.float8_e4m3fn).view(torch.uint8).item()

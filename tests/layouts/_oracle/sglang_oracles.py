@@ -428,7 +428,8 @@ def _v41_reference_store(spec: LayoutSpec, *, non_finite: bool) -> Result:
             expected = ref.interleave_pages(expected, page_size, spec.data_bytes, spec.scale_bytes)
         ours = torch.zeros(num_pages, spec.page_bytes(page_size), dtype=torch.uint8)
         loc = torch.arange(n)
-        quantize(spec, values, ours, loc, page_size, check_finite=not non_finite)
+        # tile_values reaches past 2688, where fp4 tiles saturate: that needs check_finite=False.
+        quantize(spec, values, ours, loc, page_size, check_finite=not (non_finite or fp4))
         bad_tiles = ~torch.isfinite(values.float()).reshape(n, -1, spec.tile_size).all(-1)
         excluded += int(bad_tiles.sum())
         ours_data, ours_scale = gather_rows(spec, ours, loc, page_size)

@@ -1,0 +1,1 @@
+"""The adversarial tier: bad inputs, faults, races; every reachable byte checked."""

@@ -1,0 +1,294 @@
+"""Storage that changes under the adapter, values that alias it, and threads writing at once.
+
+* **Stale storage**: ``pool.k_buffer[i] = new_tensor``, a replaced ``v_buffer`` list, a
+  replaced element of ``kv_buffer``: getters, reads and writes follow the pool's current
+  tensors; the detached ones are never touched again.
+* **Gone storage**: after SGLang's own ``_clear_buffers()``, on a half-built pool, or with a
+  non-tensor in a buffer list: :class:`kvcompat.PoolStateError` (an ``AttributeError`` and a
+  ``ValueError``), never a raw ``AttributeError``/``TypeError``.
+* **Impostors**: a class that copies ``__module__``/``__qualname__`` of a real SGLang pool
+  is not recognised as it.
+* **Aliasing**: ``write(l, dst, pool.get_key_buffer(l)[a:b])`` (a "move tokens" call, with
+  overlapping ranges too) stores what a write of a copy would.
+* **Races**: 8 threads writing disjoint tokens of one layer store what sequential writes do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+from typing import Any
+
+import pytest
+import torch
+
+import kvcompat
+
+from ._harness import (
+    ALL_CASES,
+    Case,
+    fingerprint,
+    tried,
+    valid_write,
+)
+
+CASE_PARAMS = [c.param for c in ALL_CASES]
+
+
+def _leaves(pool: kvcompat.KVPoolProtocol) -> list[Any]:
+    """(leaf adapter, layer) of every leaf that has a codec."""
+    parts = list(pool.components.values()) or [pool]
+    found = []
+    for part in parts:
+        layer = part.layer_ids[0]
+        try:
+            part.layout(layer)
+        except kvcompat.LayoutError:
+            continue
+        found.append((part, layer))
+    return found
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_replaced_elements_and_lists_are_followed(case: Case) -> None:
+    pool = kvcompat.adapt(case.build())
+    for part, layer in _leaves(pool):
+        native = part.native
+        slot = part.storage_slots[layer]
+        attrs = [part.source_attr] + ([part.value_attr] if part.value_attr else [])
+        for attr in attrs:
+            for how in ("element", "list"):
+                listing = getattr(native, attr)
+                old = listing[slot]
+                new = torch.zeros_like(old)
+                if how == "element":
+                    listing[slot] = new
+                else:
+                    setattr(native, attr, [new if i == slot else t for i, t in enumerate(listing)])
+                key = part.get_key_buffer(layer, wait=False)
+                value = part.get_value_buffer(layer, wait=False) if part.kind.has_values else None
+                pair = part.get_kv_buffer(layer, wait=False) if part.kind.has_values else None
+                current = key if attr == part.source_attr else value
+                assert current is not None
+                assert current.untyped_storage().data_ptr() == new.untyped_storage().data_ptr()
+                if pair is not None and value is not None:
+                    # (fp8 pools: a rebuilt table holds new dtype views of the same storage)
+                    assert pair.key.data_ptr() == key.data_ptr()
+                    assert pair.value.data_ptr() == value.data_ptr()
+                # (Only the view: SGLang's K and V halves can share one allocation.)
+                old_bytes = old.view(torch.uint8).clone()
+                write = valid_write(part, layer, seed=slot)
+                write()
+                assert torch.equal(old.view(torch.uint8), old_bytes), f"{case.id}: {attr}[{slot}]"
+                assert bool(new.view(torch.uint8).any()), "the write went to the current tensor"
+                back = part.read(layer, write.loc)
+                assert back.shape[0] == write.loc.numel()
+                tried("stale storage")
+
+
+def _clear(native: Any) -> None:
+    clear = getattr(native, "_clear_buffers", None)
+    if clear is not None:
+        clear()
+        return
+    for attr in ("k_buffer", "v_buffer", "kv_buffer"):
+        if hasattr(native, attr):
+            delattr(native, attr)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_cleared_buffers_raise_pool_state_error(case: Case) -> None:
+    pool = kvcompat.adapt(case.build())
+    for part, layer in _leaves(pool):
+        write = valid_write(part, layer)
+        _clear(part.native)
+        calls: dict[str, tuple[Any, tuple[Any, ...]]] = {
+            "get_key_buffer": (part.get_key_buffer, (layer,)),
+            "read": (part.read, (layer, write.loc)),
+            "write": (part.write, (layer, write.loc, write.key, write.value)),
+            "layout": (part.layout, (layer,)),
+        }
+        if part.kind.has_values:
+            calls["get_value_buffer"] = (part.get_value_buffer, (layer,))
+            calls["get_kv_buffer"] = (part.get_kv_buffer, (layer,))
+        for name, (call, args) in calls.items():
+            with pytest.raises(kvcompat.PoolStateError, match="released or not allocated") as info:
+                call(*args)
+            assert isinstance(info.value, AttributeError), name
+            assert isinstance(info.value, ValueError), name
+            tried("bad input")
+
+
+def test_non_tensor_entries_raise_pool_state_error() -> None:
+    from kvcompat.testing import ReferenceMHATokenToKVPool
+
+    native = ReferenceMHATokenToKVPool(16, 16, layer_num=2)
+    pool = kvcompat.adapt(native)
+    for bad in (None, "tensor", 3):
+        native.k_buffer[1] = bad
+        with pytest.raises(kvcompat.PoolStateError, match=r"k_buffer\[1\]"):
+            pool.get_key_buffer(1)
+        tried("bad input")
+    native.k_buffer = 7
+    with pytest.raises(kvcompat.PoolStateError, match="not a list"):
+        pool.get_key_buffer(0)
+    native.k_buffer = [native.v_buffer[0]]  # shorter than the layers it served
+    with pytest.raises(kvcompat.PoolStateError, match="outside"):
+        pool.get_key_buffer(1)
+    tried("bad input", 2)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_half_built_pools_raise_pool_state_error(case: Case) -> None:
+    native = case.build()
+    cls = type(native)
+    blank = cls.__new__(cls)  # __init__ never ran: no attributes at all
+    with pytest.raises(kvcompat.KVCompatError) as info:
+        kvcompat.adapt(blank)
+    if not kvcompat.is_composite_pool(native):
+        assert isinstance(info.value, kvcompat.PoolStateError)
+        assert isinstance(info.value, AttributeError)
+    # Half of the attributes: every other one missing.
+    partial = cls.__new__(cls)
+    for index, (name, value) in enumerate(sorted(vars(native).items())):
+        if index % 2:
+            setattr(partial, name, value)
+    try:
+        pool = kvcompat.adapt(partial)
+    except kvcompat.KVCompatError:
+        pool = None  # refused with a kvcompat error: fine
+    if pool is not None:
+        with contextlib.suppress(kvcompat.KVCompatError):
+            for layer in pool.layer_ids:
+                pool.get_key_buffer(layer, wait=False)
+    tried("bad input", 2)
+
+
+@pytest.mark.sglang
+def test_impostor_classes_are_not_recognised() -> None:
+    from _sglang.env import prepare_sglang
+
+    session = prepare_sglang()
+    real = session.memory_pool.MHATokenToKVPool
+    impostor = types.new_class("MHATokenToKVPool")
+    impostor.__module__ = real.__module__
+    impostor.__qualname__ = real.__qualname__
+    assert kvcompat.pool_kind(impostor) is None
+    assert kvcompat.pool_kind(real) is kvcompat.PoolKind.SPLIT
+    with pytest.raises(kvcompat.UnsupportedPoolError):
+        kvcompat.adapt(impostor())
+    # Its subclasses are not recognised either; a real subclass is.
+    assert kvcompat.pool_kind(types.new_class("Sub", (impostor,))) is None
+    assert kvcompat.pool_kind(types.new_class("Sub", (real,))) is kvcompat.PoolKind.SPLIT
+    tried("bad input", 3)
+
+
+def _aliasing_writes(part: Any, layer: int) -> list[tuple[str, Any, Any]]:
+    """(label, key, value) built from views of the part's own storage."""
+    spec = part.layout(layer)
+    key_buffer = part.get_key_buffer(layer, wait=False)
+    out = []
+    if not spec.key.paged:  # token-major rows: a slice of rows is a [n, heads, dim] view
+        heads = spec.key.heads
+        rows = key_buffer.view(key_buffer.shape[0], heads, -1)[2:7]
+        value = None
+        if spec.value is not None:
+            value_buffer = part.get_value_buffer(layer, wait=False)
+            value = value_buffer.view(value_buffer.shape[0], spec.value.heads, -1)[3:8]
+        out.append(("own rows", rows, value))
+        if spec.value is not None:  # the value is a view of the *key* buffer, and vice versa
+            cross = part.get_key_buffer(layer, wait=False)
+            out.append(
+                ("value from key rows", part.get_value_buffer(layer, wait=False)[1:6], cross[2:7])
+            )
+    else:
+        raw = key_buffer.view(torch.uint8).reshape(-1)
+        n_bytes = 5 * spec.key.dim * 2
+        out.append(
+            (
+                "page bytes as bf16",
+                raw[:n_bytes].view(torch.bfloat16).view(5, 1, spec.key.dim),
+                None,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_values_aliasing_the_destination_are_copied_first(case: Case) -> None:
+    pool = kvcompat.adapt(case.build())
+    twin = kvcompat.adapt(case.build())
+    for (part, layer), (twin_part, _) in zip(_leaves(pool), _leaves(twin), strict=True):
+        # Fill the storage with finite, varied values so the aliased rows mean something.
+        seed = valid_write(part, layer, n=min(12, part.get_key_buffer(layer, wait=False).shape[0]))
+        for target in (part, twin_part):
+            target.write(layer, seed.loc, seed.key, seed.value)
+        loc = torch.tensor([4, 5, 6, 0, 1])
+        for label, key, aliased_value in _aliasing_writes(part, layer):
+            value = None if part.kind is kvcompat.PoolKind.KEY_ONLY else aliased_value
+            spec = part.layout(layer)
+            if spec.value is None and value is not None:
+                continue
+            copies = (key.clone(), None if value is None else value.clone())
+            # check_finite=False: packed bytes read as bf16 may be anything; aliasing is the point.
+            twin_part.write(layer, loc, *copies, check_finite=False)
+            part.write(layer, loc, key, value, check_finite=False)
+            mine = fingerprint(
+                part.get_kv_buffer(layer) if part.kind.has_values else part.get_key_buffer(layer)
+            )
+            theirs = fingerprint(
+                twin_part.get_kv_buffer(layer)
+                if twin_part.kind.has_values
+                else twin_part.get_key_buffer(layer)
+            )
+            assert sorted(mine.storages.values()) == sorted(theirs.storages.values()), (
+                f"{case.id}: {label}"
+            )
+            tried("aliasing")
+
+
+def _hammer(write: Any, barrier: threading.Barrier, errors: list[BaseException]) -> None:
+    try:
+        barrier.wait()
+        for _ in range(5):
+            write()
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_threads_writing_disjoint_tokens_store_what_sequential_writes_do(case: Case) -> None:
+    pool = kvcompat.adapt(case.build())
+    twin = kvcompat.adapt(case.build())
+    for (part, layer), (twin_part, _) in zip(_leaves(pool), _leaves(twin), strict=True):
+        cap = part.get_key_buffer(layer, wait=False).shape[0] * part.layout(
+            layer
+        ).key.tokens_per_row(part.page_size)
+        threads_n = 8
+        per = max(1, min(4, cap // threads_n))
+        order = torch.randperm(cap, generator=torch.Generator().manual_seed(1))
+        writes = []
+        for t in range(threads_n):
+            w = valid_write(part, layer, n=per, seed=100 + t)
+            w.loc = order[t * per : (t + 1) * per]
+            writes.append(w)
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(threads_n)
+        threads = [threading.Thread(target=_hammer, args=(w, barrier, errors)) for w in writes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        for w in writes:
+            twin_part.write(layer, w.loc, w.key, w.value)
+        got = part.get_key_buffer(layer).view(torch.uint8)
+        want = twin_part.get_key_buffer(layer).view(torch.uint8)
+        assert torch.equal(got, want), f"{case.id}: concurrent writes differ from sequential ones"
+        if part.layout(layer).value is not None:
+            assert torch.equal(
+                part.get_value_buffer(layer).view(torch.uint8),
+                twin_part.get_value_buffer(layer).view(torch.uint8),
+            )
+        tried("race", threads_n)
