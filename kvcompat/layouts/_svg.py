@@ -171,7 +171,7 @@ def documented_pictures() -> dict[str, tuple[LayoutSpec, int]]:
     Example:
         >>> from kvcompat.layouts._svg import documented_pictures
         >>> sorted(documented_pictures())[:3]
-        ['dsa_fp8', 'mha', 'mla']
+        ['dsa_fp8', 'dsv4_indexer_fp4', 'dsv4_indexer_fp8']
     """
     import torch  # noqa: PLC0415 -- keeps this module importable without side effects
 
@@ -213,7 +213,7 @@ def write_pictures(folder: Path) -> list[Path]:
         >>> from kvcompat.layouts._svg import write_pictures
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     len(write_pictures(Path(tmp)))
-        9
+        11
     """
     folder.mkdir(parents=True, exist_ok=True)
     written = []
