@@ -1,6 +1,7 @@
 # Two entry points, each doing all of its own set-up on a fresh machine:
 #   make demo   - the main job on its embedded default (reference pools, pure torch)
-#   make test   - lint, type-check, docs build and the whole test suite (incl. real SGLang)
+#   make test   - lint, type-check, docs build, the whole test suite (incl. real SGLang and
+#                 the rendered docs in headless Chromium) and the built wheel in a clean venv
 # Both create .venv with the CPU build of torch pinned first (requirements/torch-cpu.txt):
 # an unpinned torch would pull a multi-GB CUDA build.
 
@@ -9,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: demo test lint typecheck docs unit releases bench clean
+.PHONY: demo test lint typecheck docs unit releases wheel-check chromium bench clean
 
 $(VENV)/.base-stamp: requirements/torch-cpu.txt requirements/build.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +35,7 @@ typecheck: $(VENV)/.test-stamp
 docs: $(VENV)/.test-stamp
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
-unit: $(VENV)/.test-stamp
+unit: $(VENV)/.test-stamp chromium
 	$(PY) -m pytest
 
 # The real tier under every SGLang release with DeepSeek-V4 pools (overlays beside the venv's
@@ -42,10 +43,27 @@ unit: $(VENV)/.test-stamp
 releases: $(VENV)/.test-stamp
 	$(PY) tests/release_matrix.py
 
-test: lint typecheck docs unit releases
+# The wheel as a user gets it: built, installed into a clean venv with only the pinned CPU
+# torch, running demo, doctor, scan and every example outside the checkout (.ci/wheel_check.py).
+wheel-check: $(VENV)/.base-stamp
+	$(PY) .ci/wheel_check.py
+
+# tests/docs/ renders the built docs in Debian's chromium. As root (CI on a fresh machine)
+# it is installed when missing; elsewhere those tests fail with the install line, unless
+# KVCOMPAT_SKIP_BROWSER=1 skips them (never in CI).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	else \
+		echo "chromium is missing: sudo apt-get install chromium (the rendered-docs tests need it)"; \
+	fi
+
+test: lint typecheck docs unit releases wheel-check
 
 bench: $(VENV)/.base-stamp
 	$(PY) benchmarks/bench_getters.py
 
 clean:
-	rm -rf $(VENV) docs/_build .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) docs/_build docs/_generated .wheel-check build dist .pytest_cache .mypy_cache \
+		.ruff_cache .hypothesis

@@ -7,32 +7,68 @@ from pathlib import Path
 from kvcompat.adapters import sglang
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _class_cell(qualname: str) -> str:
+    module, name = qualname.rsplit(".", 1)
+    return f"`{name}` ({module.removeprefix('sglang.srt.')})"
+
+
 def supported_table() -> str:
-    """The SGLang class table of the supported-pools page, from kvcompat's registry."""
+    """Every SGLang class kvcompat knows, from its registry: what the supported ones return,
+    then (under its own heading) why the others are refused, in their own column.
+
+    ``{.kv-pools}`` and ``{.kv-refused}`` give the tables the classes the docs' stylesheet
+    uses to keep every column on screen (code wraps at 1280 px; one card per class on a
+    phone).
+    """
     lines = [
+        "{.kv-pools}",
         "| SGLang class | kvcompat kind | `get_key_buffer(l)` | `get_value_buffer(l)` |",
         "|---|---|---|---|",
     ]
     for family in sglang.SGLANG_CLASSES:
-        module, name = family.qualname.rsplit(".", 1)
-        short = module.removeprefix("sglang.srt.")
         if family.kind is None:
-            reason = (family.reason or "").replace("|", "\\|")
-            lines.append(f"| `{name}` ({short}) | unsupported | {reason} | |")
             continue
         if family.leaf is not None:
             key, value = family.leaf.returns
         else:
-            key = "the primary component's key (see below)"
+            key = "the primary component's key (see [Composites](#composites))"
             value = "the primary component's value"
-        lines.append(f"| `{name}` ({short}) | {family.kind.value} | {key} | {value} |")
+        row = [_class_cell(family.qualname), family.kind.value, _cell(key), _cell(value)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n\n" + REFUSED_INTRO + refused_table()
+
+
+REFUSED_INTRO = """## Recognised and refused
+
+These classes are recognised by name, and `kvcompat.adapt()` refuses them with
+`UnsupportedPoolError`, saying why, rather than half-working:
+
+"""
+
+
+def refused_table() -> str:
+    """The SGLang classes kvcompat recognises and refuses, each with the reason."""
+    lines = [
+        "{.kv-refused}",
+        "| SGLang class | why `adapt()` refuses it |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {_class_cell(family.qualname)} | {_cell(family.reason or '')} |"
+        for family in sglang.SGLANG_CLASSES
+        if family.kind is None
+    ]
     return "\n".join(lines) + "\n"
 
 
 def write_generated(folder: Path) -> None:
     """Write every generated fragment under ``folder``."""
     folder.mkdir(exist_ok=True)
-    target = folder / "supported_table.md"
-    text = supported_table()
-    if not target.exists() or target.read_text() != text:
-        target.write_text(text)
+    for name, text in (("supported_table.md", supported_table()),):
+        target = folder / name
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)

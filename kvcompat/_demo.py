@@ -8,6 +8,8 @@ prints is computed from the pools at run time.
 
 from __future__ import annotations
 
+import io
+import json as _json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -21,10 +23,39 @@ from kvcompat.testing import (
     ReferenceMLATokenToKVPool,
 )
 
-__all__ = ["build_demo_pools", "decode_attention", "run_demo"]
+__all__ = ["build_demo_pools", "decode_attention", "device_problem", "run_demo"]
 
 LATENT = 512
 """Every demo pool stores 512 values per token, so the same keys go into all three."""
+
+
+def device_problem(device: str) -> str | None:
+    """Why the demo cannot run on ``device``, in one line; None when it can.
+
+    Example:
+        >>> from kvcompat._demo import device_problem
+        >>> device_problem("cpu") is None
+        True
+        >>> print(device_problem("gpu"))  # doctest: +ELLIPSIS
+        --device 'gpu' is not a torch device; use cpu, cuda or cuda:N
+    """
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        return f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N"
+    if parsed.type == "meta":
+        return "--device meta holds no data, so nothing can be read back; use cpu or cuda"
+    try:
+        torch.empty(1, device=parsed)
+    except (AssertionError, RuntimeError, NotImplementedError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return (
+            f"--device {device}: torch {torch.__version__} cannot allocate there ({reason}); "
+            f"it sees {cuda} CUDA device(s); use --device cpu"
+        )
+    return None
 
 
 def build_demo_pools(device: str = "cpu") -> dict[str, Any]:
@@ -119,7 +150,10 @@ def _tensor(tensor: object) -> str:
     return f"[{shape}] {str(tensor.dtype).removeprefix('torch.')}"
 
 
-def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+def _table(
+    rows: Sequence[Sequence[str]], out: TextIO, tables: list[list[dict[str, str]]]
+) -> None:
+    tables.append([dict(zip(rows[0], row, strict=True)) for row in rows[1:]])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for index, row in enumerate(rows):
         cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
@@ -128,18 +162,52 @@ def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
             print("  " + "  ".join("-" * w for w in widths), file=out)
 
 
-def run_demo(out: TextIO, device: str = "cpu") -> int:
+def run_demo(out: TextIO, device: str = "cpu", *, json: bool = False) -> int:
     """Print the demo to ``out``; returns the process exit status (0 on success).
 
+    Args:
+        out: where to print.
+        device: the torch device of the pools.
+        json: print one JSON document (the same results, by section) instead of text.
+
     Example:
-        >>> import io
+        >>> import io, json
         >>> from kvcompat._demo import run_demo
         >>> buf = io.StringIO()
         >>> run_demo(buf)
         0
         >>> "Use get_key_buffer instead." in buf.getvalue()
         True
+        >>> buf = io.StringIO()
+        >>> run_demo(buf, json=True)
+        0
+        >>> doc = json.loads(buf.getvalue())
+        >>> doc["native"]["get_kv_buffer(0)"]
+        "raises NotImplementedError('Use get_key_buffer instead.')"
+        >>> [row["pool"] for row in doc["detection"]]
+        ['MHA', 'MLA', 'DeepSeek-V4 single-KV']
     """
+    tables: list[list[dict[str, str]]] = []
+    outcomes: dict[str, str] = {}
+    text = io.StringIO() if json else out
+    status = _run_demo(text, device, tables, outcomes)
+    if json:
+        names = ("detection", "layers", "values")
+        document = {
+            "kvcompat": kvcompat.__version__,
+            "torch": torch.__version__,
+            "device": device,
+            "ok": status == 0,
+            "native": outcomes,
+            **dict(zip(names, tables, strict=False)),
+        }
+        print(_json.dumps(document, indent=2), file=out)
+    return status
+
+
+def _run_demo(
+    out: TextIO, device: str, tables: list[list[dict[str, str]]], outcomes: dict[str, str]
+) -> int:
     pools = build_demo_pools(device)
     dsv4 = pools["DeepSeek-V4 single-KV"]
     print("kvcompat demo: one key-first loop over three reference pools (pure torch)", file=out)
@@ -153,7 +221,8 @@ def run_demo(out: TextIO, device: str = "cpu") -> int:
         ("set_kv_buffer(...)", lambda: dsv4.set_kv_buffer(None, None, None, None)),
     ]
     for label, call in native_calls:
-        print(f"   pool.{label:<20} {_outcome(call)}", file=out)
+        outcomes[label] = _outcome(call)
+        print(f"   pool.{label:<20} {outcomes[label]}", file=out)
     print("", file=out)
 
     print("2. Detection (by class name; sglang is never imported):", file=out)
@@ -162,7 +231,7 @@ def run_demo(out: TextIO, device: str = "cpu") -> int:
         [name, str(kvcompat.pool_kind(native)), str(kvcompat.is_single_kv_pool(native))]
         for name, native in pools.items()
     ]
-    _table(rows, out)
+    _table(rows, out, tables)
     print("", file=out)
 
     print("3. One generic loop, written once, through kvcompat:", file=out)
@@ -195,7 +264,7 @@ def run_demo(out: TextIO, device: str = "cpu") -> int:
                     "yes" if same else "NO",
                 ]
             )
-    _table(rows, out)
+    _table(rows, out, tables)
     print("", file=out)
     if failures:
         print(f"FAILED: {failures} layer(s) did not return the native storage.", file=out)
@@ -206,10 +275,12 @@ def run_demo(out: TextIO, device: str = "cpu") -> int:
         file=out,
     )
     print("", file=out)
-    return _values_section(pools, out, device)
+    return _values_section(pools, out, device, tables)
 
 
-def _values_section(pools: dict[str, Any], out: TextIO, device: str) -> int:
+def _values_section(
+    pools: dict[str, Any], out: TextIO, device: str, tables: list[list[dict[str, str]]]
+) -> int:
     gen = torch.Generator(device="cpu").manual_seed(0)
     n, q_heads = 96, 8
     keys = torch.randn(n, LATENT, generator=gen).to(torch.bfloat16).to(device)
@@ -243,7 +314,7 @@ def _values_section(pools: dict[str, Any], out: TextIO, device: str) -> int:
         rows.append(
             [name, spec.name, str(spec.bytes_per_token), f"{read_err:.3g}", f"{attn_err:.3g}"]
         )
-    _table(rows, out)
+    _table(rows, out, tables)
     print(
         "\nbf16 pools store the keys exactly; the DeepSeek-V4 V4 layout quantizes the 448\n"
         "nope values to fp8 with one power-of-two scale per 64 values (rope stays bf16).",

@@ -442,3 +442,9 @@ def unregister_adapter(qualname: str) -> bool:
         existed = _families.pop(qualname, None) is not None
         _cache.clear()
     return existed
+
+
+# SGLang's families register themselves when their module is imported. Importing it
+# here means every use of the registry knows them, whichever kvcompat module came
+# first (the top-level package imports lazily, so it cannot be relied on for this).
+import kvcompat.adapters.sglang  # noqa: E402, F401

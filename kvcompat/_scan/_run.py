@@ -12,7 +12,7 @@ import os
 import stat
 import sys
 import tokenize
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -349,13 +349,16 @@ def _run(
     mode: _Mode,
     exclude: Sequence[str],
     max_bytes: int = MAX_BYTES,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[ScanReport, list[str]]:
     files, errors = _files(paths, exclude)
     findings: list[Finding] = []
     diffs: list[str] = []
     fixed = 0
     checked = 0
-    for path in files:
+    for index, path in enumerate(files):
+        if progress is not None:  # (files done, files in all), before each file and at the end
+            progress(index, len(files))
         result = _process(path, mode, max_bytes)
         findings.extend(result.findings)
         errors.extend(result.errors)
@@ -363,6 +366,8 @@ def _run(
         checked += not result.errors
         if result.diff:
             diffs.append(result.diff)
+    if progress is not None:
+        progress(len(files), len(files))
     report = ScanReport(findings=tuple(findings), errors=tuple(errors), files=checked, fixed=fixed)
     return report, diffs
 
@@ -466,11 +471,15 @@ def _write(stream: TextIO, text: str) -> None:
         stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, progress: Callable[[int, int], None] | None = None
+) -> int:
     r"""Run ``kvcompat scan``; return the exit status instead of exiting.
 
     Args:
         argv: The arguments after ``scan`` (``sys.argv[1:]`` when None).
+        progress: Called with (files done, files in all) before each file and once at
+            the end (``kvcompat scan`` passes a progress line when stderr is a terminal).
 
     Returns:
         0 when no findings remain, 1 when findings remain (after ``--fix``, the
@@ -500,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(sys.stderr, message)
         return 2
     mode: _Mode = "fix" if args.fix else "diff" if args.diff else "check"
-    report, diffs = _run(args.paths, mode, args.exclude, args.max_bytes)
+    report, diffs = _run(args.paths, mode, args.exclude, args.max_bytes, progress)
     if args.format == "json":
         _write(sys.stdout, json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
         return report.exit_code

@@ -142,6 +142,7 @@ def run_inspect(
     json: bool = False,
     sglang_class: str | None = None,
     pool_args: Sequence[str] = (),
+    err: TextIO | None = None,
 ) -> int:
     """Print the manifest tree and memory report of each demo pool; returns the exit status.
 
@@ -153,6 +154,8 @@ def run_inspect(
         sglang_class: an SGLang pool class (``MHATokenToKVPool`` or a dotted path)
             to build from ``pool_args`` (``KEY=VALUE`` strings) and inspect.
         pool_args: the constructor arguments of ``sglang_class``.
+        err: where to print an error (the command line passes stderr); ``out``
+            when None. Errors return 2.
 
     Example:
         >>> import io, json
@@ -163,17 +166,19 @@ def run_inspect(
         >>> sorted(json.loads(buf.getvalue())["pools"])
         ['DeepSeek-V4 single-KV', 'MHA', 'MLA']
     """
+    err = out if err is None else err
     if sglang_class is not None:
         try:
             pools = {sglang_class: build_sglang_pool(sglang_class, parse_pool_args(pool_args))}
         except ValueError as exc:
-            print(f"kvcompat inspect: {exc}", file=out)
+            print(f"kvcompat inspect: error: {exc}", file=err)
             return 2
         source = "sglang"
     elif source not in _SOURCES:
         print(
-            f"kvcompat inspect: unknown source {source!r}; choose one of: {', '.join(_SOURCES)}.",
-            file=out,
+            f"kvcompat inspect: error: unknown source {source!r}; "
+            f"choose one of: {', '.join(_SOURCES)}.",
+            file=err,
         )
         return 2
     else:

@@ -16,7 +16,7 @@ from kvcompat.layouts._spec import SegmentRole
 if TYPE_CHECKING:
     from kvcompat.layouts._spec import LayoutSpec
 
-__all__ = ["documented_pictures", "render_page_svg", "write_pictures"]
+__all__ = ["documented_pictures", "render_page_svg", "text_width", "write_pictures"]
 
 _CELL_W = 6
 _CELL_H = 9
@@ -32,6 +32,20 @@ _FILLS = {
     SegmentRole.PAD: ("#9d9d9d", "#9d9d9d"),
 }
 _PAGE_PAD_FILL = "#e4e4e4"
+_TITLE_SIZE = 11
+_MONO_ADVANCE = 0.62
+"""A monospace glyph's advance as a fraction of the font size, rounded up (DejaVu Sans Mono
+and Liberation Mono: 0.60); the picture is made wide enough for its longest text with it."""
+
+
+def text_width(text: str, font_size: float) -> float:
+    """The width ``text`` takes in the pictures' monospace font, rounded up.
+
+    Example:
+        >>> text_width("v4", 10)
+        12.4
+    """
+    return len(text) * font_size * _MONO_ADVANCE
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,6 @@ def render_page_svg(spec: LayoutSpec, page_size: int = 4, *, bytes_per_line: int
     legend = sorted(
         ((f, label) for label, f in first_fill.items()), key=lambda fl: _legend_order(fl[1])
     )
-    width = _LEFT + bytes_per_line * _CELL_W + 10
     legend_top = _TOP + lines * _CELL_H + 14
     height = legend_top + 16 * len(legend) + 6
     tokens = page_size
@@ -101,13 +114,19 @@ def render_page_svg(spec: LayoutSpec, page_size: int = 4, *, bytes_per_line: int
     if not spec.paged:
         rows = f"{tokens} x {spec.bytes_per_token}"
         title = f"{spec.name}: {tokens} token-major rows = {size} bytes ({rows})"
+    longest_label = max((text_width(label, 9) for _, label in legend), default=0.0)
+    width = max(
+        _LEFT + bytes_per_line * _CELL_W + 10,  # the byte grid
+        4 + int(text_width(title, _TITLE_SIZE)) + 10,  # the title, never cut
+        _LEFT + 18 + int(longest_label) + 10,  # the legend
+    )
     out = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="9">'
         ),
         f"<title>{title}</title>",
-        f'<text x="4" y="14" font-size="11">{title}</text>',
+        f'<text x="4" y="14" font-size="{_TITLE_SIZE}">{title}</text>',
     ]
     for line in range(lines):
         y = _TOP + line * _CELL_H
@@ -152,12 +171,14 @@ def documented_pictures() -> dict[str, tuple[LayoutSpec, int]]:
     Example:
         >>> from kvcompat.layouts._svg import documented_pictures
         >>> sorted(documented_pictures())[:3]
-        ['dsa_fp8', 'mha', 'mla']
+        ['dsa_fp8', 'dsv4_indexer_fp4', 'dsv4_indexer_fp8']
     """
     import torch  # noqa: PLC0415 -- keeps this module importable without side effects
 
     from kvcompat.layouts import (  # noqa: PLC0415 -- the package imports this module
         DSA_FP8,
+        DSV4_INDEXER_FP4,
+        DSV4_INDEXER_FP8,
         UNIFORM_FP8,
         V4,
         V41,
@@ -176,6 +197,8 @@ def documented_pictures() -> dict[str, tuple[LayoutSpec, int]]:
         "v41_new": (V41_NEW, 4),
         "v41_fp4_new": (V41_FP4_NEW, 4),
         "dsa_fp8": (DSA_FP8, 4),
+        "dsv4_indexer_fp8": (DSV4_INDEXER_FP8, 32),
+        "dsv4_indexer_fp4": (DSV4_INDEXER_FP4, 16),
         "mha": (mha_layout(2, 16, torch.bfloat16), 4),
         "mla": (mla_layout(512, 64, torch.bfloat16), 4),
     }
@@ -190,7 +213,7 @@ def write_pictures(folder: Path) -> list[Path]:
         >>> from kvcompat.layouts._svg import write_pictures
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     len(write_pictures(Path(tmp)))
-        9
+        11
     """
     folder.mkdir(parents=True, exist_ok=True)
     written = []

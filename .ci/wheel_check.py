@@ -1,0 +1,255 @@
+"""Build the wheel and use it as a new user would: ``make wheel-check`` (part of ``make test``).
+
+1. Builds the wheel from this checkout (``pip wheel --no-deps --no-build-isolation``).
+2. A clean venv with only the pinned CPU torch (``requirements/torch-cpu.txt``) plus the
+   wheel: ``pip check``, then ``kvcompat --version``, ``demo``, ``doctor`` (text and
+   JSON), ``scan`` and every example, run from a temporary folder outside the checkout
+   (so the checkout is never imported). No command may print torch's "Failed to
+   initialize NumPy" warning, or anything else on stderr.
+3. The torch-free CI recipe of ``docs/scan.md``, read from the page: its workflow step's
+   commands run in a venv without torch (the wheel stands for ``kvcompat`` in the
+   ``pip install`` line, a probe file for ``src/``); ``kvcompat --version`` and
+   ``--help`` work there too, and ``kvcompat demo`` fails with one line naming
+   ``pip install torch``.
+
+The clean venvs live in ``.wheel-check/`` and are rebuilt when the pins change (the torch
+install is most of the first run's time); the wheel is reinstalled every run.
+Prints the wall time of each step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".wheel-check"
+PINS = ROOT / "requirements" / "torch-cpu.txt"
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+SCAN_PAGE = ROOT / "docs" / "scan.md"
+NUMPY_WARNING = "Failed to initialize NumPy"
+
+
+class CheckError(RuntimeError):
+    """A check failed; the message says which and shows the output."""
+
+
+def _step(name: str, started: float) -> None:
+    print(f"wheel-check: {name} ({time.perf_counter() - started:.1f} s)", flush=True)
+
+
+def _run(
+    cmd: list[str], *, cwd: Path, expect: int = 0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env, timeout=900
+    )
+    if result.returncode != expect:
+        msg = (
+            f"{' '.join(cmd)} exited {result.returncode}, expected {expect}\n"
+            f"--- stdout (tail)\n{result.stdout[-3000:]}\n--- stderr (tail)\n{result.stderr[-3000:]}"
+        )
+        raise CheckError(msg)
+    return result
+
+
+def _clean_env() -> dict[str, str]:
+    """The caller's environment without anything that would put the checkout on sys.path."""
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def _quiet(result: subprocess.CompletedProcess[str], what: str) -> None:
+    if NUMPY_WARNING in result.stderr:
+        msg = f"{what}: torch printed its NumPy warning:\n{result.stderr[-2000:]}"
+        raise CheckError(msg)
+
+
+def _venv(name: str, requirements: list[str]) -> Path:
+    """A venv under .wheel-check/, rebuilt when its requirement lines change."""
+    folder = WORK / name
+    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()
+    stamp = folder / ".stamp"
+    if stamp.exists() and stamp.read_text() == key:
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    _run([sys.executable, "-m", "venv", str(folder)], cwd=WORK)
+    if requirements:
+        pip = [str(folder / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+        _run([*pip, "install", "-q", *requirements], cwd=WORK)
+    stamp.write_text(key)
+    return folder
+
+
+def build_wheel(dist: Path) -> Path:
+    """The wheel of this checkout, built without network or an isolated build env."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    cmd = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)]
+    subprocess.run(cmd, check=True, cwd=dist)
+    (wheel,) = dist.glob("kvcompat-*.whl")
+    return wheel
+
+
+def check_with_torch(wheel: Path, outside: Path) -> None:
+    """The clean venv with the pinned CPU torch runs every command and example."""
+    started = time.perf_counter()
+    venv = _venv("torch", ["-r", str(PINS)])
+    py, kv = str(venv / "bin" / "python"), str(venv / "bin" / "kvcompat")
+    pip = [py, "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], cwd=outside)
+    _run([*pip, "check"], cwd=outside)  # the pins satisfy every declared dependency
+    _step("clean venv with CPU torch + the wheel", started)
+    env = _clean_env()
+    where = _run([py, "-c", "import kvcompat; print(kvcompat.__file__)"], cwd=outside, env=env)
+    if not where.stdout.strip().startswith(str(venv)):
+        msg = f"kvcompat was imported from {where.stdout.strip()}, not from the venv"
+        raise CheckError(msg)
+
+    started = time.perf_counter()
+    for args, expect in (
+        (["--version"], 0),
+        (["demo"], 0),
+        (["doctor"], 0),
+        (["doctor", "--format", "json"], 0),
+        (["inspect", "--format", "json"], 0),
+    ):
+        result = _run([kv, *args], cwd=outside, expect=expect, env=env)
+        _quiet(result, f"kvcompat {' '.join(args)}")
+        if result.stderr:
+            msg = f"kvcompat {' '.join(args)} printed on stderr:\n{result.stderr[-2000:]}"
+            raise CheckError(msg)
+    doctor = json.loads(_run([kv, "doctor", "--json"], cwd=outside, env=env).stdout)
+    if doctor["torch"]["version"].split("+")[0] != _pinned("torch"):
+        msg = f"the clean venv has torch {doctor['torch']['version']}, not the pin"
+        raise CheckError(msg)
+    _step("kvcompat --version, demo, doctor, inspect", started)
+
+    started = time.perf_counter()
+    copies = outside / "examples"
+    copies.mkdir()
+    for example in EXAMPLES:
+        shutil.copy(example, copies / example.name)
+        result = _run([py, str(copies / example.name)], cwd=outside, env=env)
+        _quiet(result, example.name)
+        if not result.stdout.strip():
+            msg = f"{example.name} printed nothing"
+            raise CheckError(msg)
+    _step(f"{len(EXAMPLES)} examples", started)
+
+    started = time.perf_counter()
+    scanned = _run([kv, "scan", str(copies)], cwd=outside, expect=1, env=env)  # they call
+    _quiet(scanned, "kvcompat scan")  # native getters on purpose, to show what breaks
+    if "finding" not in scanned.stdout:
+        msg = f"kvcompat scan printed no summary:\n{scanned.stdout[-2000:]}"
+        raise CheckError(msg)
+    _step("kvcompat scan of the examples", started)
+
+
+def ci_recipe() -> list[str]:
+    """The commands of the workflow step under "In CI" in docs/scan.md."""
+    text = SCAN_PAGE.read_text(encoding="utf-8")
+    section = text[text.index("### In CI") :]
+    block = section[section.index("```yaml") : section.index("```", section.index("```yaml") + 7)]
+    lines = block.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "run: |") + 1
+    return [line.strip() for line in lines[start:] if line.strip()]
+
+
+def check_without_torch(wheel: Path, outside: Path) -> None:
+    """The docs' torch-free recipe: ``pip install --no-deps kvcompat`` runs the scanner."""
+    started = time.perf_counter()
+    venv = _venv("no-torch", [])
+    bin_dir = venv / "bin"
+    py, kv = str(bin_dir / "python"), str(bin_dir / "kvcompat")
+    env = _clean_env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"  # as if the venv were active
+    project = outside / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "tests" / "fixtures").mkdir(parents=True)
+    (project / "src" / "probe.py").write_text("k, v = token_to_kv_pool.get_kv_buffer(layer_id)\n")
+    (project / "tests" / "fixtures" / "old.py").write_text("v = pool.get_value_buffer(0)\n")
+    recipe = ci_recipe()
+    if not recipe or not recipe[0].startswith("pip install --no-deps kvcompat"):
+        msg = f"docs/scan.md's CI step should start with pip install --no-deps kvcompat: {recipe}"
+        raise CheckError(msg)
+    found = None
+    for line in recipe:
+        words = line.split()
+        if words[:2] == ["pip", "install"]:
+            words = [
+                py,
+                "-m",
+                "pip",
+                "--disable-pip-version-check",
+                "install",
+                "-q",
+                "--force-reinstall",
+                *[str(wheel) if w == "kvcompat" else w for w in words[2:]],
+            ]
+            _run(words, cwd=project, env=env)
+        else:
+            found = _run(["sh", "-c", line], cwd=project, expect=1, env=env)  # the probe's finding
+    _run(
+        [py, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"],
+        cwd=outside,
+        env=env,
+    )
+    if found is None or "KVC002" not in found.stdout or "KVC001" in found.stdout or found.stderr:
+        msg = (
+            f"the CI recipe's scan misbehaved:\n{found and found.stdout}\n{found and found.stderr}"
+        )
+        raise CheckError(msg)
+    probe = project / "src" / "probe.py"
+    version = _run([kv, "--version"], cwd=outside, env=env)
+    _run([kv, "--help"], cwd=outside, env=env)
+    if version.stderr:
+        msg = f"kvcompat --version printed on stderr:\n{version.stderr}"
+        raise CheckError(msg)
+    _run([kv, "scan", "--format", "json", str(probe)], cwd=outside, expect=1, env=env)
+    demo = _run([kv, "demo"], cwd=outside, expect=1, env=env)
+    lines = demo.stderr.strip().splitlines()
+    if len(lines) != 1 or "pip install torch" not in lines[0]:
+        msg = f"kvcompat demo without torch should print one line naming pip install torch:\n{demo.stderr}"
+        raise CheckError(msg)
+    _step("torch-free venv: --version, --help, scan; demo refused in one line", started)
+
+
+def _pinned(name: str) -> str:
+    for line in PINS.read_text().splitlines():
+        if line.startswith(f"{name}=="):
+            return line.split("==", 1)[1].strip()
+    msg = f"{PINS} pins no {name}"
+    raise CheckError(msg)
+
+
+def main() -> int:
+    """Run every check; print the time of each and the total."""
+    total = time.perf_counter()
+    WORK.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kvcompat-wheel-check-") as tmp:
+        dist, outside = Path(tmp) / "dist", Path(tmp) / "outside"
+        dist.mkdir()
+        outside.mkdir()
+        started = time.perf_counter()
+        wheel = build_wheel(dist)
+        _step(f"built {wheel.name}", started)
+        try:
+            check_with_torch(wheel, outside)
+            check_without_torch(wheel, outside)
+        except CheckError as exc:
+            print(f"wheel-check: FAILED: {exc}", file=sys.stderr)
+            return 1
+    _step("all checks passed", total)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
