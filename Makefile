@@ -20,7 +20,9 @@ $(VENV)/.base-stamp: requirements/torch-cpu.txt requirements/build.txt pyproject
 
 $(VENV)/.test-stamp: $(VENV)/.base-stamp requirements/sglang-cpu.txt requirements/dev.txt requirements/transfer.txt
 	$(PIP) install -q --no-deps -r requirements/sglang-cpu.txt -r requirements/dev.txt -r requirements/transfer.txt
-	dpkg -s libibverbs1 >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || apt-get install -y -q libibverbs1 >/dev/null || echo "no libibverbs1: the Mooncake tests will skip"
+	dpkg -s libibverbs1 >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; } || \
+		echo "no libibverbs1: the Mooncake tests will skip"
 	touch $@
 
 demo: $(VENV)/.base-stamp
