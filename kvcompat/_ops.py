@@ -11,10 +11,9 @@ the eager function itself (the kernel on CUDA, the torch twin elsewhere, the sam
 the output's shape and dtype. Writes declare the pool buffer in ``mutates_args``.
 
 Outside compilation nothing goes through an op (the eager calls stay as fast as before;
-``benchmarks/bench_ops_overhead.py`` measures the difference), and ``import kvcompat``
-does not register them: the first traced call imports this module. Import it yourself
-to have ``torch.ops.kvcompat.*`` before that (e.g. to load a program exported with
-them).
+``benchmarks/bench_ops_overhead.py`` measures the difference). ``import kvcompat`` does
+not register them; importing the codec (:mod:`kvcompat.layouts`, which every read and
+write uses) does, so that no traced call ever runs an import.
 
 A layout crosses the op boundary as its name plus its width and output dtype (what the
 schema accepts: ``str``, ``int``, ``ScalarType``); the op looks the

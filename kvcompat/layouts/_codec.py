@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+# Imported here, not inside the traced branch: Dynamo must never trace an import (with
+# the lazy top-level package, that would run kvcompat.__getattr__ inside the graph).
+from kvcompat import _ops
 from kvcompat._errors import ImplError, LayoutError
 from kvcompat._protocol import Impl
 from kvcompat.kernels._select import dispatch
@@ -190,8 +193,6 @@ def dequantize(
     """
     spec = _resolve(layout, fnuz=fnuz)
     if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
-        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
-
         return _ops.dequantize(
             spec, buf, loc, page_size, fnuz=fnuz, validate=validate, impl=impl, out=out
         )
@@ -286,8 +287,6 @@ def quantize(
     """
     spec = _resolve(layout, fnuz=fnuz)
     if torch.compiler.is_compiling():  # one custom op: no graph break (kvcompat._ops)
-        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
-
         _ops.quantize(
             spec, values, buf, loc, page_size, fnuz=fnuz, check_finite=check_finite,
             validate=validate, impl=impl,
@@ -419,8 +418,6 @@ def quantize_parts(
         # Under torch.compile every part was validated before this call; each part is then
         # stored by one custom op (kvcompat._ops). The save-and-restore rollback across
         # parts and the alias copy are eager-mode guarantees (docs/atomic-writes.md).
-        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
-
         for spec, rows, buf, loc in parts:
             _ops.quantize(
                 spec, rows, buf, loc, page_size, fnuz=fnuz, check_finite=False,

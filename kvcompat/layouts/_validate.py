@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+# Imported here, not inside the traced branch: Dynamo must never trace an import (with
+# the lazy top-level package, that would run kvcompat.__getattr__ inside the graph).
+from kvcompat import _ops
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.layouts._addressing import byte_rows
 from kvcompat.layouts._spec import Encoding, SegmentRole
@@ -505,8 +508,6 @@ def check_write(
         loc repeats 1 location(s): 3
     """
     if torch.compiler.is_compiling():  # the host reads run inside a custom op (kvcompat._ops)
-        from kvcompat import _ops  # noqa: PLC0415 - registers the ops on first compile
-
         return _ops.check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     size = check_page_size(spec, page_size)
     capacity = check_buffer(spec, buf, size)

@@ -99,8 +99,13 @@ def test_twin_on_cuda_matches_cpu(spec: LayoutSpec, dtype: torch.dtype) -> None:
             quantize(spec, values.cuda(), gpu, loc.cuda(), page_size, **kwargs)
             assert torch.equal(cpu, gpu.cpu())
             out_cpu = dequantize(spec, cpu, loc, page_size, fnuz=fnuz)
-            out_gpu = dequantize(spec, gpu, loc.cuda(), page_size, fnuz=fnuz)
-            assert torch.equal(bits(out_cpu), bits(out_gpu.cpu()))
+            out_gpu = dequantize(spec, gpu, loc.cuda(), page_size, fnuz=fnuz).cpu()
+            # NaN payload bits are not part of any layout's contract (a NaN scale times a
+            # code gives a device-specific payload): NaN positions must agree, the rest
+            # bit for bit.
+            nan = torch.isnan(out_cpu)
+            assert torch.equal(nan, torch.isnan(out_gpu))
+            assert torch.equal(bits(out_cpu[~nan]), bits(out_gpu[~nan]))
 
 
 # ---------------------------------------------------- SGLang's CUDA JIT stores (store.cuh)
