@@ -918,8 +918,11 @@ class IndexKeyAdapter(KeyOnlyAdapter):
             'detect_layout'
         """
         native = self._native
-        if getattr(native, "use_fp4_indexer", None) is not None:
-            if native.use_fp4_indexer:
+        # A class without ``use_fp4_indexer`` (SGLang 0.5.12) has only the fp8 indexer: same
+        # P * 132-byte pages; the page-size check below refuses any other geometry.
+        fp4 = getattr(native, "use_fp4_indexer", False)
+        if fp4 is not None:
+            if fp4:
                 rne = getattr(native, "index_k_rne", False)
                 spec = DSV4_INDEXER_FP4_RNE if rne else DSV4_INDEXER_FP4
             else:

@@ -187,3 +187,18 @@ def kv_write_loc() -> Any:
     if not isinstance(cls, type):
         raise ReleaseLacks("KVWriteLoc")
     return cls
+
+
+@functools.cache
+def torch_native_sliding_window() -> bool:
+    """Whether SGLang's ``TorchNativeAttnBackend`` applies a layer's sliding window.
+
+    0.5.12's backend attends the whole causal prefix of every layer (its SDPA helpers take
+    no ``sliding_window_size``); later releases mask to the window. Asked of the helper's
+    signature.
+    """
+    prepare_sglang()
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    helper = TorchNativeAttnBackend._run_sdpa_forward_extend
+    return "sliding_window_size" in inspect.signature(helper).parameters

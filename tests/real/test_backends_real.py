@@ -33,6 +33,7 @@ slots, and through ``compat`` it reads exactly the same ones (still bit-identica
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ import pytest
 import torch
 from _sglang import builders as b
 from _sglang.env import prepare_sglang
+from _sglang.features import torch_native_sliding_window
 
 import kvcompat
 
@@ -104,13 +106,26 @@ def _layer(m: SimpleNamespace, sc: Scenario, layer_id: int) -> Any:
     )
 
 
-def _batch(m: SimpleNamespace, sc: Scenario, starts: Sequence[int], ends: Sequence[int]) -> Any:
-    """A ForwardBatch writing tokens [start, end) of each request (decode: one token each)."""
+def _batch(
+    m: SimpleNamespace, sc: Scenario, starts: Sequence[int], ends: Sequence[int], pools: Any
+) -> Any:
+    """A ForwardBatch writing tokens [start, end) of each request (decode: one token each).
+
+    ``pools`` (the runner) also rides on the batch where the release's ``ForwardBatch`` has
+    the fields: 0.5.12's backend reads ``forward_batch.token_to_kv_pool`` /
+    ``req_to_token_pool`` instead of keeping the runner's.
+    """
     decode = all(e - s == 1 for s, e in zip(starts, ends, strict=True)) and min(starts) > 0
     out_loc = torch.cat(
         [sc.slots[r][s:e] for r, (s, e) in enumerate(zip(starts, ends, strict=True))]
     )
     seq_lens = torch.tensor(list(ends))
+    names = {f.name for f in dataclasses.fields(m.batch)}
+    carried = {
+        name: getattr(pools, name)
+        for name in ("req_to_token_pool", "token_to_kv_pool")
+        if name in names
+    }
     return m.batch(
         forward_mode=m.mode.DECODE if decode else m.mode.EXTEND,
         batch_size=len(REQUESTS),
@@ -121,6 +136,7 @@ def _batch(m: SimpleNamespace, sc: Scenario, starts: Sequence[int], ends: Sequen
         seq_lens_sum=int(seq_lens.sum()),
         extend_prefix_lens=torch.tensor(list(starts)),
         extend_seq_lens=torch.tensor([e - s for s, e in zip(starts, ends, strict=True)]),
+        **carried,
     )
 
 
@@ -151,7 +167,7 @@ def run_backend(pool: Any, sc: Scenario) -> dict[int, torch.Tensor]:
     steps = (([0, 0], prefill), (prefill, total), (total, [t + 1 for t in total]))
     outputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in sc.windows}
     for starts, ends in steps:
-        batch = _batch(m, sc, starts, ends)
+        batch = _batch(m, sc, starts, ends, runner)
         backend.init_forward_metadata(batch)
         for layer_id in sc.windows:
             layer = _layer(m, sc, layer_id)
@@ -188,7 +204,9 @@ def dense_reference(
 
     ``kv(request, k, v)`` may replace the K/V handed in (e.g. by what the pool reads back).
     """
-    window = sc.windows[layer_id]
+    # What the installed backend computes: a release whose backend has no sliding windows
+    # (0.5.12) attends each layer's whole causal prefix.
+    window = sc.windows[layer_id] if torch_native_sliding_window() else -1
     outs = []
     for r, (q, k_in, v_in) in enumerate(_inputs(sc, layer_id)):
         k, v = (k_in, v_in) if kv is None else kv(r, k_in, v_in)

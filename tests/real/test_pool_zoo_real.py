@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _sglang.features import pool_class, require
 
 import kvcompat
 from kvcompat import _registry
@@ -38,14 +39,30 @@ def _importable(module: str) -> ModuleType | None:
         return None
 
 
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 def test_real_classes_get_the_tables_answer() -> None:
+    # The table is 0.5.23's class list; an older release is checked on the classes it has,
+    # and the rows it lacks end the test as a capability skip that names them.
     checked = 0
+    lacking: list[str] = []
     for module, name, _, status, kind in ZOO:
         loaded = _importable(module)
+        if loaded is None and not _module_exists(module):
+            lacking.append(module)  # a module this release does not ship
+            continue
         if loaded is None:
             assert module.startswith(("sglang.srt.hardware_backend.",)), module
             continue
-        cls = getattr(loaded, name)
+        cls = getattr(loaded, name, None)
+        if not isinstance(cls, type):
+            lacking.append(f"{module}.{name}")
+            continue
         family = _registry.family_of(cls)
         assert family is not None, name
         if status == "via":
@@ -55,11 +72,13 @@ def test_real_classes_get_the_tables_answer() -> None:
         assert kvcompat.pool_kind(cls) is kind, name
         assert kvcompat.is_supported_pool(cls) is (status in ("ok", "via")), name
         checked += 1
-    assert checked >= 30
+    assert checked + len(lacking) >= 30
+    assert checked >= 10, lacking
+    require(not lacking, ", ".join(dict.fromkeys(lacking)))
 
 
 @pytest.mark.parametrize("name", ["MHATokenToKVPoolMXFP8", "MHATokenToKVPoolFP4"])
 def test_quantized_mha_pools_are_refused_not_read_as_plain_fp8(name: str) -> None:
-    cls = getattr(importlib.import_module("sglang.srt.mem_cache.memory_pool"), name)
+    cls = pool_class(name)  # ReleaseLacks where the release has no such class
     with pytest.raises(kvcompat.UnsupportedPoolError, match="does not support it"):
         kvcompat.adapt(object.__new__(cls))
