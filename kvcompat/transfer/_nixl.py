@@ -226,12 +226,30 @@ class NixlEngine:
         if prepared.released:
             msg = "this prepared transfer was released; prepare() the plan again."
             raise TransferError(msg)
-        last = len(prepared.handles) - 1
+        handles = list(prepared.handles)
+        once = None
+        if notify:
+            # NIXL keeps a handle's notification for every later post of it: the prepared
+            # handles never carry one, and a notifying run posts its last chunk through a
+            # one-off handle (released below), so a later run without notify sends none.
+            np, last = _np(), prepared.chunks[-1]
+            index = np.arange(last.start, last.stop, dtype=np.int32)
+            mine, theirs = prepared.lists
+            once = self._agent.make_prepped_xfer(prepared.op, mine, index, theirs, index, notify)
+            handles[-1] = once
+        try:
+            self._run(prepared, handles, timeout)
+        finally:
+            if once is not None:
+                with contextlib.suppress(Exception):  # best effort: the agent may be failing
+                    self._agent.release_xfer_handle(once)
+
+    def _run(self, prepared: PreparedTransfer, handles: list[Any], timeout: float) -> None:
         posted: list[int] = []
         done: list[int] = []
-        for chunk, handle in enumerate(prepared.handles):
+        for chunk, handle in enumerate(handles):
             try:
-                state = self._agent.transfer(handle, notify if chunk == last else b"")
+                state = self._agent.transfer(handle)
             except Exception as exc:
                 why = f"posting chunk {chunk} raised {exc}"
                 raise self._failed(prepared, done, posted, why) from exc
@@ -241,7 +259,6 @@ class NixlEngine:
                 done.append(chunk)
             else:
                 posted.append(chunk)
-        handles = prepared.handles
         finished, failed, reason = poll_until(
             lambda c: str(self._agent.check_xfer_state(handles[c])), posted, timeout=timeout
         )
