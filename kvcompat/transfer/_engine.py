@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Literal
 
 from kvcompat.transfer._errors import TransferError, TransferPlanError
@@ -183,3 +184,37 @@ def poll_until(
         if polls > spins:
             time.sleep(0.0002)
     return sorted(done), [], None
+
+
+class EngineBase:
+    """What both engine bindings share: the closed state and the context-manager protocol.
+
+    Subclasses set ``engine`` (``"NIXL"``, ``"Mooncake"``) and ``_closed``, and implement
+    :meth:`close`; ``with Engine(...) as e:`` closes the engine on exit.
+    """
+
+    engine = "transfer"
+    _closed: bool
+
+    def close(self) -> None:
+        """Release everything the engine registered and prepared (idempotent)."""
+        raise NotImplementedError
+
+    def _name(self) -> str:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"{self.engine} engine {self._name()!r} is closed."
+            raise TransferError(msg)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import importlib
 import time
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any
 
-from kvcompat.transfer._engine import PreparedTransfer, check_op, chunk_ranges, transfer_error
+from kvcompat.transfer._engine import (
+    EngineBase,
+    PreparedTransfer,
+    check_op,
+    chunk_ranges,
+    transfer_error,
+)
 from kvcompat.transfer._errors import TransferError
 from kvcompat.transfer._plan import TransferPlan, regions_of
 from kvcompat.transfer._spec import pool_spec
@@ -45,7 +51,7 @@ def import_mooncake() -> ModuleType:
         raise ImportError(msg) from exc
 
 
-class MooncakeEngine:
+class MooncakeEngine(EngineBase):
     """One Mooncake ``TransferEngine``: register pools, prepare plans, batch-write or -read.
 
     Args:
@@ -211,21 +217,11 @@ class MooncakeEngine:
             self._regions.clear()
         self._engine = None  # the last reference: the engine's threads and sockets end
 
-    def _check_open(self) -> None:
-        if self._closed:
-            msg = f"Mooncake engine {self.session_id!r} is closed."
-            raise TransferError(msg)
+    def _name(self) -> str:
+        return str(self.session_id)
 
     def __enter__(self) -> MooncakeEngine:
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._regions)} regions"

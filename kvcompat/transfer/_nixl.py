@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterable
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any
 
 from kvcompat.transfer._engine import (
+    EngineBase,
     PreparedTransfer,
     check_op,
     chunk_ranges,
@@ -65,7 +66,7 @@ def _np() -> Any:
     return importlib.import_module("numpy")
 
 
-class NixlEngine:
+class NixlEngine(EngineBase):
     """One NIXL agent: register pools, exchange metadata, prepare plans once, transfer, release.
 
     Args:
@@ -308,21 +309,11 @@ class NixlEngine:
         self._regions.clear()
         self._agent = None  # the last reference: the agent and its spinning progress thread end
 
-    def _check_open(self) -> None:
-        if self._closed:
-            msg = f"NIXL engine {self.name!r} is closed."
-            raise TransferError(msg)
+    def _name(self) -> str:
+        return str(self.name)
 
     def __enter__(self) -> NixlEngine:
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._regions)} regions"
