@@ -123,7 +123,7 @@ def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
     tile = kernel.tile or spec.tile_size
     tiles = nq // tile
     in_row = kernel.scales == "fp32_in_row"
-    if kernel.scales == "fp32" and not _fp32_scale_row(spec, tiles):
+    if tiles * tile != nq or not _fp8_scales_fit(spec, kernel.scales, tiles):
         return None
     return {
         "NQ": nq,
@@ -147,17 +147,37 @@ _FP4_ROUNDING = {"threshold": 0, "threshold_even": 1}
 """The indexer fp4 write kernel's ``RNE`` constant, by the layout's declared rounding."""
 
 
-def _fp32_scale_row(spec: LayoutSpec, tiles: int) -> bool:
-    """Whether ``spec``'s scale row is exactly ``tiles`` fp32 scales (the ``"fp32"`` kind)."""
+_FP8_SCALE_SEGMENTS = {
+    "ue8m0_v4": ("scale", Encoding.UE8M0, 1),
+    "ue8m0": ("scale", Encoding.UE8M0, 1),
+    "fp32_in_row": ("data", Encoding.FP32, 4),
+    "fp32": ("scale", Encoding.FP32, 4),
+}
+"""Where each scaled fp8 kind's scales live: (region, encoding, bytes per tile)."""
+
+
+def _fp8_scales_fit(spec: LayoutSpec, kind: str, tiles: int) -> bool:
+    """Whether ``spec``'s byte map is what the fp8 kernels read for scale kind ``kind``.
+
+    e4m3 values, and: no scale segment (``"none"``), or one segment of ``tiles`` scales
+    of the kind's encoding in the kind's row (at the start of the scale row, for the
+    scale-row kinds, and exactly what a writer stores there).
+    """
+    if spec.data_encoding is not Encoding.E4M3FN:
+        return False
     scales = [seg for seg in spec.segments if seg.role is SegmentRole.SCALE]
-    return (
-        len(scales) == 1
-        and scales[0].region == "scale"
-        and scales[0].encoding is Encoding.FP32
-        and scales[0].offset == 0
-        and scales[0].elements == tiles
-        and spec.scale_bytes_written == 4 * tiles
-    )
+    if kind == "none":
+        return not scales
+    region, encoding, width = _FP8_SCALE_SEGMENTS[kind]
+    if len(scales) != 1:
+        return False
+    (seg,) = scales
+    fits = (seg.region, seg.encoding, seg.elements, seg.nbytes) == (
+        region, encoding, tiles, width * tiles
+    )  # fmt: skip
+    if region == "scale":
+        fits = fits and seg.offset == 0 and spec.scale_bytes_written == seg.nbytes
+    return fits
 
 
 def fp4_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
