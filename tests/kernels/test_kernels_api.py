@@ -168,7 +168,8 @@ def test_every_layout_has_kernels() -> None:
         assert write_plan(V4, dtype, fnuz=True).constants["MODE"] == 3  # type: ignore[union-attr]
         assert write_plan(V4, dtype, fnuz=False).constants["MODE"] == 0  # type: ignore[union-attr]
     assert unsupported(V4, write=False, fnuz=True) is None
-    for spec in (V41, DSA_FP8, UNIFORM_FP8, mha_layout(2, 8, torch.bfloat16)):
+    indexer = (DSV4_INDEXER_FP8, DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE)
+    for spec in (V41, DSA_FP8, UNIFORM_FP8, mha_layout(2, 8, torch.bfloat16), *indexer):
         for write in (False, True):
             reason = unsupported(spec, write=write, fnuz=True, values_dtype=torch.bfloat16)
             assert reason == f"layout {spec.name!r} has no fnuz variant"
