@@ -101,7 +101,9 @@ def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
     ``NQ`` quantized values in ``NT`` tiles of ``TILE`` (``NT_P2`` the next power of two),
     then ``NROPE`` bf16 rotary values stored apart at byte ``ROPE_OFF`` of the data row;
     ``SCALE_KIND`` indexes :data:`~kvcompat.layouts._spec.SCALE_KINDS`; ``SCALE_IN_ROW``
-    is the byte of in-row fp32 scales. None when the layout declares no fp8 kernel.
+    is the byte of in-row fp32 scales. None when the layout declares no fp8 kernel, or
+    when its byte map is not what the declared scale kind reads (e4m3 values, the scales
+    in the kind's row and encoding, one per tile): the twin then serves it.
 
     Example:
         >>> from kvcompat.kernels._plan import fp8_constants
