@@ -53,6 +53,12 @@ import torch
 from kvcompat.testing import ReferenceMHATokenToKVPool
 from kvcompat.transfer import plan_transfer, pool_spec
 
+# Loopback only. UCX's InfiniBand modules are not needed there, and the libnl-route that
+# NIXL 1.5.1 bundles for them crashes (SIGSEGV in rtnl_tc_unregister) when a process that
+# loaded them exits. Set before NIXL loads; the spawned target inherits both.
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+os.environ.setdefault("UCX_MODULES", "^ib")
+
 HEADS, HEAD_DIM = 8, 128  # 4 KiB per token across K and V (bf16)
 RUN = 4  # contiguous pages per run
 KEYS = ("per_page", "coalesced")

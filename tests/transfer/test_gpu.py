@@ -215,6 +215,7 @@ def test_vram_to_vram_between_two_processes_on_one_gpu() -> None:
     except ImportError as exc:
         pytest.skip(str(exc))
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    os.environ.setdefault("UCX_MODULES", "^ib")  # see test_engines.py
     context = mp.get_context("spawn")
     a_end, b_end = context.Pipe()
     verdict_end, out_end = context.Pipe()
