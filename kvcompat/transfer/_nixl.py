@@ -77,14 +77,15 @@ class NixlEngine(EngineBase):
             then posts a request's descriptors from a pool of 4 threads; NIXL lists a
             plugin's parameters with ``nixl_agent.get_plugin_params``).
         progress_thread: run NIXL's progress thread (the default). The thread polls
-            the UCX worker without pause and keeps most of a core busy while the agent
-            lives. An agent that only *initiates* (the side calling :meth:`transfer`)
-            may pass False: its worker then progresses inside :meth:`transfer` and
-            :meth:`notifications`, and on a machine with few cores transfers no longer
-            compete with that thread (on a 2-core host, medians of 8 MiB DRAM
-            transfers rose from 1.1-4.5 to 6.6-8.0 GB/s). A *passive* peer (one that
-            only registers memory and waits) needs its thread: without it nobody
-            answers the initiator's connection and the transfer times out.
+            the UCX worker without pause (about half a core while the agent lives)
+            and contends with the caller's own polling. An agent that only
+            *initiates* (the side calling :meth:`transfer`) may pass False: its worker
+            then progresses inside :meth:`transfer` and :meth:`notifications`. Measured:
+            medians of 8 MiB DRAM transfers 1.6-5 times higher on a 2-core host, and
+            VRAM transfers on an H200 from 54-100 % to 92-134 % of an in-process copy
+            of the same ranges (``docs/transfer.md``). A *passive* peer (one that only
+            registers memory and waits) needs its thread: without it nobody answers
+            the initiator's connection and the transfer times out.
 
     Example:
         >>> from kvcompat.transfer import NixlEngine
