@@ -148,10 +148,14 @@ def _same_bits(x: Any, y: Any) -> bool:
     return x.shape == y.shape and x.dtype == y.dtype and torch.equal(*flat)
 
 
-def make_engine(kind: str, name: str) -> Any:
+def make_engine(kind: str, name: str, *, initiator: bool = False) -> Any:
     from kvcompat.transfer import MooncakeEngine, NixlEngine
 
-    return NixlEngine(name) if kind == "nixl" else MooncakeEngine("127.0.0.1")
+    if kind != "nixl":
+        return MooncakeEngine("127.0.0.1")
+    # the side that calls transfer() progresses its own worker while it waits; the passive
+    # side keeps NIXL's progress thread, which answers the initiator's connection
+    return NixlEngine(name, progress_thread=not initiator)
 
 
 def load(builder: str, role: str) -> dict[str, Any]:
@@ -173,7 +177,7 @@ def prefill(conn: Any, builder: str, engine_kind: str, timeout: float) -> None:
     cases = load(builder, "prefill")
     for seed, (pool, _) in enumerate(cases.values()):
         fill(pool, seed)
-    engine = make_engine(engine_kind, "prefill")
+    engine = make_engine(engine_kind, "prefill", initiator=True)
     try:
         for pool, _ in cases.values():
             engine.register(pool)
@@ -284,6 +288,9 @@ def decode(conn: Any, out: Any, builder: str, engine_kind: str, timeout: float) 
 def run(builder: str = BUILDER, engine: str = "nixl", timeout: float = 60.0) -> dict[str, Any]:
     """Start A and B (spawned), wait for B's verdict, stop both by their handles."""
     os.environ.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (inherited by both)
+    # no InfiniBand modules on loopback: NIXL 1.5.1's bundled libnl-route crashes (SIGSEGV)
+    # at the exit of a process that loaded them (docs/transfer.md, "Traps")
+    os.environ.setdefault("UCX_MODULES", "^ib")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = mp.get_context("spawn")
     a_end, b_end = context.Pipe()

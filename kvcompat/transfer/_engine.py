@@ -144,13 +144,21 @@ def _ids(ids: tuple[int, ...]) -> str:
 
 
 def poll_until(
-    check: Callable[[int], str], pending: list[int], *, timeout: float, spins: int = 64
+    check: Callable[[int], str],
+    pending: list[int],
+    *,
+    timeout: float,
+    spin: float = 0.002,
+    nap: float = 0.001,
 ) -> tuple[list[int], list[int], str | None]:
     """Poll ``check(chunk)`` until every chunk is ``"DONE"``, one is ``"ERR"``, or time is up.
 
     Returns ``(done, failed, reason)``; ``reason`` is None when all finished.
-    The loop is bounded by ``timeout`` seconds; after ``spins`` busy polls it
-    sleeps briefly between polls so that the engine's own threads get a core.
+    The loop is bounded by ``timeout`` seconds. For the first ``spin`` seconds it
+    polls without pause (a GPU transfer of a few MiB completes in tens of
+    microseconds, and a sleep would cost more than the transfer); after that it
+    sleeps between polls, 50 µs doubling up to ``nap`` seconds, so that a long
+    transfer leaves the engine's own threads a core.
 
     Example:
         >>> from kvcompat.transfer._engine import poll_until
@@ -158,11 +166,15 @@ def poll_until(
         ([0, 1], [], None)
         >>> poll_until(lambda c: "ERR" if c else "DONE", [0, 1], timeout=1.0)[2]
         'the engine reported an error for chunk 1'
+        >>> poll_until(lambda c: "PROC", [0], timeout=0.01)[2]
+        'timed out after 0.01 s'
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    busy_until = start + spin
     done: list[int] = []
     waiting = list(pending)
-    polls = 0
+    pause = 5e-5
     while waiting:
         still = []
         for chunk in waiting:
@@ -178,11 +190,12 @@ def poll_until(
         waiting = still
         if not waiting:
             break
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             return sorted(done), waiting, f"timed out after {timeout:g} s"
-        polls += 1
-        if polls > spins:
-            time.sleep(0.0002)
+        if now > busy_until:
+            time.sleep(pause)
+            pause = min(nap, 2 * pause)
     return sorted(done), [], None
 
 

@@ -635,6 +635,34 @@ def _request_state_ids(spec: PoolSpec, request: Request) -> list[int]:
     return [slot * (ring // ratio) + ((length - 1) % ring) // ratio]
 
 
+def _ring_rows(spec: PoolSpec, request: Request) -> list[int]:
+    names = {b.component for b in spec.buffers if b.group == TransferGroup.SWA_RING.value}
+    settings = set()
+    for name in names:
+        details = spec.components[name].details if name in spec.components else {}
+        ring = details.get("swa_ring_size")
+        if ring is None and details.get("num_slots"):  # SGLang: swa_pages = slots x ring
+            ring = int(details.get("swa_pages", 0)) // int(details["num_slots"])
+        settings.add((details.get("swa_window"), ring))
+    if len(settings) != 1:
+        msg = f"the unified_kv ring buffers of {spec.name} disagree on (window, ring): {settings}."
+        raise TransferPlanError(msg)
+    window, ring = settings.pop()
+    if not isinstance(window, int) or not isinstance(ring, int) or window <= 0 or ring <= 0:
+        msg = (
+            f"{spec.name} keeps its sliding window in unified_kv ring rows, but its spec "
+            f"does not say the window and ring size (got window={window!r}, ring={ring!r}).\n"
+            "Hint: build the spec with pool_spec(pool) from the live pool (not from a "
+            "describe() manifest), which reads unified_swa_window and unified_swa_ring_size."
+        )
+        raise TransferPlanError(msg)
+    if request.req_pool_idx is None:
+        msg = "swa_ring rows need the request slot: pass Request(req_pool_idx=...)."
+        raise TransferPlanError(msg)
+    slot, length = int(request.req_pool_idx), request.length
+    return [slot * ring + position % ring for position in range(max(0, length - window), length)]
+
+
 def request_pages(pool: Any, *requests: Request) -> dict[str, tuple[int, ...]]:
     """The page ids SGLang's PD path sends for ``requests``, per transfer group.
 
@@ -649,10 +677,14 @@ def request_pages(pool: Any, *requests: Request) -> dict[str, tuple[int, ...]]:
     * ``request_state``: DeepSeek-V4's request-scoped (c128) compress state —
       the ring page holding the request's pending partial block, or nothing at a
       block boundary.
+    * ``swa_ring``: DeepSeek-V4 ``unified_kv`` pools keep the sliding window in
+      per-request ring rows: the rows of the last ``window`` positions,
+      ``req_pool_idx * ring + position % ring``, in position order (so that the
+      two sides, each with its own slot, match row for row).
     * ``request_row``: the request slot.
 
     Groups the pool does not register are left out. A pool that registers
-    ``state`` needs ``swa_locs``; ``swa_ring`` (``unified_kv``) is not supported.
+    ``state`` needs ``swa_locs``.
 
     Args:
         pool: a pool, adapter, manifest or :class:`PoolSpec` (of either side).
@@ -675,13 +707,6 @@ def request_pages(pool: Any, *requests: Request) -> dict[str, tuple[int, ...]]:
         msg = f"{spec.name} has no page size, so token locations cannot be turned into pages."
         raise TransferPlanError(msg)
     found: dict[str, list[int]] = {g: [] for g in present}
-    if TransferGroup.SWA_RING.value in present:
-        msg = (
-            f"{spec.name} keeps its sliding window in unified_kv ring rows; "
-            "request_pages does not compute those yet.\n"
-            "Hint: pass the ring rows as pages={'swa_ring': [...]} to plan_transfer yourself."
-        )
-        raise TransferPlanError(msg)
     for request in requests:
         kv = _page_ids(request.kv_locs, page, "kv_locs")
         for group in (TransferGroup.KV.value, TransferGroup.KV_SCALE.value):
@@ -697,6 +722,8 @@ def request_pages(pool: Any, *requests: Request) -> dict[str, tuple[int, ...]]:
             found[TransferGroup.STATE.value].extend(_page_ids(request.swa_locs, page, "swa_locs"))
         if TransferGroup.REQUEST_STATE.value in found:
             found[TransferGroup.REQUEST_STATE.value].extend(_request_state_ids(spec, request))
+        if TransferGroup.SWA_RING.value in found:
+            found[TransferGroup.SWA_RING.value].extend(_ring_rows(spec, request))
         if TransferGroup.REQUEST_ROW.value in found:
             if request.req_pool_idx is None:
                 msg = "request_row pages need the request slot: pass Request(req_pool_idx=...)."

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from kvcompat.inspection import PoolManifest, TransferGroup, describe, transfer_descriptors
+from kvcompat.inspection._static import static_attr
 from kvcompat.transfer._errors import TransferPlanError
 
 __all__ = ["BufferSpec", "ComponentSpec", "PoolSpec", "pool_spec"]
@@ -26,7 +27,12 @@ SPEC_VERSION = 1
 """Version of the JSON form; :meth:`PoolSpec.from_dict` refuses other versions."""
 
 # Details that size a pool rather than shape it: two pools of one model may differ here.
-_CAPACITY_DETAILS = frozenset({"swa_pages", "capacity", "num_slots", "start_layer"})
+_CAPACITY_DETAILS = frozenset(
+    {"swa_pages", "capacity", "num_slots", "start_layer", "swa_ring_size"}
+)
+# DeepSeek-V4 ``unified_kv``: the composite's window and ring stride, which the
+# ring rows of a request depend on (SGLang's PD path reads them off the composite).
+_RING_ATTRS = (("unified_swa_window", "swa_window"), ("unified_swa_ring_size", "swa_ring_size"))
 _INDEX = re.compile(r"\[\d+\]")
 
 
@@ -383,6 +389,19 @@ class PoolSpec:
         return cls.from_dict(json.loads(text))
 
 
+def _ring_details(pool: Any) -> dict[str, int]:
+    """``swa_window`` and ``swa_ring_size`` of a ``unified_kv`` composite (read statically)."""
+    found: dict[str, int] = {}
+    for obj in (pool, static_attr(pool, "native", None)):
+        if obj is None:
+            continue
+        for attr, key in _RING_ATTRS:
+            value = static_attr(obj, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                found.setdefault(key, int(value))
+    return found
+
+
 def _component(node: PoolManifest) -> ComponentSpec:
     return ComponentSpec(
         name=node.name,
@@ -442,6 +461,10 @@ def pool_spec(pool: Any) -> PoolSpec:
             )
         )
     parts = {node.name: _component(node) for node in manifest.walk()}
+    ring = {} if isinstance(pool, PoolManifest) else _ring_details(pool)
+    if ring and "unified" in parts:
+        part = parts["unified"]
+        parts["unified"] = replace(part, details=MappingProxyType({**part.details, **ring}))
     return PoolSpec(
         name=manifest.name,
         native_class=manifest.native_class,

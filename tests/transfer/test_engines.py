@@ -30,6 +30,9 @@ from kvcompat.transfer import (
 from ._helpers import expected_after, randomise, snapshot
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
+# loopback needs no InfiniBand modules, and NIXL 1.5.1's bundled libnl-route (loaded by
+# them) crashes with SIGSEGV at the exit of the process that loaded it
+os.environ.setdefault("UCX_MODULES", "^ib")
 
 
 def _have(importer: Any) -> bool:
@@ -74,12 +77,18 @@ def _check(a: Any, b: Any, before: dict[str, torch.Tensor], src: dict[str, torch
 
 
 @needs_nixl
+@pytest.mark.parametrize("initiator_thread", [True, False], ids=["thread", "no-thread"])
 @pytest.mark.parametrize("op", ["WRITE", "READ"])
-def test_nixl_moves_pages_and_reuses_the_prepared_lists(op: str) -> None:
+def test_nixl_moves_pages_and_reuses_the_prepared_lists(op: str, initiator_thread: bool) -> None:
     a, b = _pools()
     src, before = snapshot(a), snapshot(b)
     plan = plan_transfer(a, pool_spec(b).to_json(), pages=PAGES, dst_pages=DST_PAGES)
-    with NixlEngine("src") as ea, NixlEngine("dst") as eb:
+    # the initiator may run without NIXL's progress thread; the passive peer keeps its own
+    threads = (initiator_thread, True) if op == "WRITE" else (True, initiator_thread)
+    with (
+        NixlEngine("src", progress_thread=threads[0]) as ea,
+        NixlEngine("dst", progress_thread=threads[1]) as eb,
+    ):
         assert ea.register(a)
         assert eb.register(b)
         assert ea.register(a) == []  # idempotent
@@ -106,6 +115,12 @@ def test_nixl_moves_pages_and_reuses_the_prepared_lists(op: str) -> None:
         assert len(prepared.handles) == (2 if op == "WRITE" else 1)
     assert prepared.released
     _check(a, b, before, src)
+
+
+@needs_nixl
+def test_nixl_backend_params_must_name_a_created_backend() -> None:
+    with pytest.raises(ValueError, match=r"backend_params names backends \['UCXX'\]"):
+        NixlEngine("typo", backend_params={"UCXX": {"num_threads": "2"}})
 
 
 @needs_nixl

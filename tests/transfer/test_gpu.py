@@ -90,7 +90,7 @@ def _reads(pool: Any, plan: Any, side: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _prefill(conn: Any) -> None:
+def _prefill(conn: Any, progress_thread: bool) -> None:
     from kvcompat.transfer import (
         NixlEngine,
         Request,
@@ -105,7 +105,7 @@ def _prefill(conn: Any) -> None:
     for seed, pool in enumerate(pools.values()):
         _fill(pool, seed)
     torch.cuda.synchronize()
-    engine = NixlEngine("prefill")
+    engine = NixlEngine("prefill", progress_thread=progress_thread)  # the initiator
     try:
         for pool in pools.values():
             engine.register(pool)
@@ -207,7 +207,8 @@ def _decode(conn: Any, out: Any) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_vram_to_vram_between_two_processes_on_one_gpu() -> None:
+@pytest.mark.parametrize("initiator_thread", [False, True], ids=["no-thread", "thread"])
+def test_vram_to_vram_between_two_processes_on_one_gpu(initiator_thread: bool) -> None:
     from kvcompat.transfer import import_nixl
 
     try:
@@ -215,10 +216,11 @@ def test_vram_to_vram_between_two_processes_on_one_gpu() -> None:
     except ImportError as exc:
         pytest.skip(str(exc))
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    os.environ.setdefault("UCX_MODULES", "^ib")  # see test_engines.py
     context = mp.get_context("spawn")
     a_end, b_end = context.Pipe()
     verdict_end, out_end = context.Pipe()
-    a = context.Process(target=_prefill, args=(a_end,), name="prefill")
+    a = context.Process(target=_prefill, args=(a_end, initiator_thread), name="prefill")
     b = context.Process(target=_decode, args=(b_end, out_end), name="decode")
     try:
         a.start()

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import importlib
+import types
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcompat.transfer import Request, plan_transfer, pool_spec, request_pages
+
+from ._helpers import host_bytes, randomise, run_locally
 
 pytestmark = [
     pytest.mark.sglang,
@@ -56,3 +65,155 @@ def test_spec_of_the_composite_names_every_component(dsv4: object) -> None:
         "request_state": {"c128_state"},
     }
     assert spec.components["c128_state"].details["request_scoped"] is True
+
+
+# -- unified_kv: the sliding window in per-request ring rows --------------------------------
+
+
+def _sglang_closure(module: str, name: str, **free: object) -> Any:
+    """SGLang's own nested ``name`` from ``sglang/srt/disaggregation/<module>.py``, bound to
+    ``free`` (its closure variables). Compiled from the installed source, not imported: the
+    module's imports need CUDA-side packages; the nested function itself needs only numpy."""
+    import builtins
+
+    import numpy as np
+    import sglang
+
+    path = Path(sglang.__file__).parent / "srt" / "disaggregation" / f"{module}.py"
+
+    def find(code: types.CodeType) -> list[types.CodeType]:
+        found = []
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                found += [const] if const.co_name == name else find(const)
+        return found
+
+    (code,) = find(compile(path.read_text(), str(path), "exec"))
+    cells = tuple(types.CellType(free[var]) for var in code.co_freevars)
+    scope = {"np": np, "__builtins__": builtins}
+    return types.FunctionType(code, scope, name, None, cells)
+
+
+def _native_ring_rows(pool: object, slot: int, seq_len: int) -> dict[str, tuple[int, ...]]:
+    """The ring rows SGLang's prefill sender and decode receiver compute for one request."""
+    kv = SimpleNamespace(req_pool_idx=slot)
+    prefill = _sglang_closure(
+        "prefill",
+        "_swa_ring_payload",
+        self=SimpleNamespace(token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: pool)),
+        req=SimpleNamespace(kv=kv),
+        seq_len=seq_len,
+    )
+    decode = _sglang_closure(
+        "decode",
+        "_swa_ring_payload",
+        self=SimpleNamespace(token_to_kv_pool=pool),
+        decode_req=SimpleNamespace(req=SimpleNamespace(kv=kv)),
+        seq_len=seq_len,
+    )
+    return {"prefill": tuple(prefill().tolist()), "decode": tuple(decode().tolist())}
+
+
+def _regions(pool: Any) -> dict[tuple[str, str], torch.Tensor]:
+    """A copy of every registered region, by (group, buffer): a unified_kv layer buffer
+    registers two (its ring rows and its compressed rows)."""
+    return {
+        (b.group, b.label): host_bytes(b.ptr, b.length).clone() for b in pool_spec(pool).buffers
+    }
+
+
+def _build_unified() -> Any:
+    """SGLang's DeepSeekV4TokenToKVPool in ``unified_kv`` mode (HIP-only in SGLang: the
+    gate is forced on to build it on the CPU)."""
+    import sglang.srt.layers.attention.dsv4.unified_kv_gate as gate
+    from _sglang.builders import build_dsv4_token_pool
+
+    original = gate.is_unified_kv_triton
+    gate.is_unified_kv_triton = lambda: True
+    try:
+        return build_dsv4_token_pool()
+    finally:
+        gate.is_unified_kv_triton = original
+
+
+@pytest.fixture(scope="module")
+def unified() -> Any:
+    pytest.importorskip("sglang")
+    return _build_unified()
+
+
+@pytest.mark.parametrize(("slot", "seq_len"), [(0, 300), (2, 128), (3, 129), (1, 1), (4, 511)])
+def test_ring_rows_match_sglangs_prefill_and_decode(unified: Any, slot: int, seq_len: int) -> None:
+    spec = pool_spec(unified)
+    assert spec.components["unified"].details["swa_window"] == unified.unified_swa_window  # type: ignore[attr-defined]
+    kv_locs = torch.arange(256, 256 + seq_len)
+    window = max(0, seq_len - 128) // 256 * 256
+    ours = request_pages(
+        unified, Request(kv_locs, swa_locs=torch.arange(window, seq_len), req_pool_idx=slot)
+    )
+    native = _native_ring_rows(unified, slot, seq_len)
+    assert ours["swa_ring"] == native["prefill"] == native["decode"]
+    assert len(ours["swa_ring"]) == min(seq_len, 128)
+    plan_transfer(unified, unified, pages=ours)  # every row is in range
+
+
+@given(
+    window=st.integers(1, 300),
+    extra=st.integers(0, 7),  # speculative draft tokens widen the ring past the window
+    slot=st.integers(0, 6),
+    seq_len=st.integers(1, 2000),
+)
+@settings(max_examples=60, deadline=None)
+def test_ring_rows_with_a_ring_wider_than_the_window(
+    unified: Any, window: int, extra: int, slot: int, seq_len: int
+) -> None:
+    ring = window + extra
+    spec = pool_spec(unified)
+    part = spec.components["unified"]
+    details = {**part.details, "swa_window": window, "swa_ring_size": ring}
+    wider = replace(spec, components={**spec.components, "unified": replace(part, details=details)})
+    ours = request_pages(
+        wider, Request(range(256, 256 + seq_len), swa_locs=range(0), req_pool_idx=slot)
+    )
+    fake = SimpleNamespace(unified_swa_window=window, unified_swa_ring_size=ring)
+    assert ours["swa_ring"] == _native_ring_rows(fake, slot, seq_len)["prefill"]
+
+
+def test_ring_rows_move_row_for_row_between_slots(unified: Any) -> None:
+    """Prefill slot 1 -> decode slot 3: exactly the window's rows move, each to its twin."""
+    other = _build_unified()
+    randomise(unified, seed=3)
+    randomise(other, seed=4)
+    before_src, before_dst = _regions(unified), _regions(other)
+    seq_len = 200
+    kv_locs = torch.arange(256, 256 + seq_len)
+    src_rows = request_pages(unified, Request(kv_locs, swa_locs=range(200), req_pool_idx=1))
+    dst_rows = request_pages(other, Request(kv_locs, swa_locs=range(200), req_pool_idx=3))
+    plan = plan_transfer(
+        unified,
+        other,
+        pages={"swa_ring": src_rows["swa_ring"]},
+        dst_pages={"swa_ring": dst_rows["swa_ring"]},
+    )
+    run_locally(plan)
+    after = _regions(other)
+    assert {group for group, _ in after} == {"kv", "state", "request_state", "swa_ring"}
+    for key, region in after.items():
+        expected = before_dst[key].clone()
+        if key[0] == "swa_ring":
+            row = region.numel() // unified.unified_swa_pages
+            for s, d in zip(src_rows["swa_ring"], dst_rows["swa_ring"], strict=True):
+                expected[d * row : (d + 1) * row] = before_src[key][s * row : (s + 1) * row]
+        assert torch.equal(region, expected), key
+    assert len(plan.descriptors) < len(src_rows["swa_ring"])  # rows coalesce within the ring
+
+
+def test_ring_rows_need_the_window_a_manifest_does_not_carry(unified: Any) -> None:
+    from kvcompat.inspection import describe
+    from kvcompat.transfer import TransferPlanError
+
+    request = Request(range(256, 456), swa_locs=range(200), req_pool_idx=0)
+    with pytest.raises(TransferPlanError, match="does not say the window and ring size"):
+        request_pages(describe(unified), request)
+    with pytest.raises(TransferPlanError, match="need the request slot"):
+        request_pages(unified, Request(range(256, 456), swa_locs=range(200)))
