@@ -31,7 +31,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-LABELS = Path(__file__).resolve().parent.parent / "tests" / "scan" / "corpus" / "labels.json"
+REPO = Path(__file__).resolve().parent.parent
+LABELS = REPO / "tests" / "scan" / "corpus" / "labels.json"
+if str(REPO) not in sys.path:  # measure this checkout's scanner, not an installed kvcompat
+    sys.path.insert(0, str(REPO))
 
 Key = tuple[str, str, int, int, str]  # package, path, line, col, rule
 

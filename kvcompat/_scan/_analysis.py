@@ -86,6 +86,13 @@ _NEEDLES = (*CALL_RULES, "k_buffer", "v_buffer", "get_key_buffer")
 
 _Position = tuple[int, int]
 
+# SGLang's KV pool classes hold torch tensors and live in ``sglang.srt.mem_cache``.
+# A module that imports MLX but neither torch nor that package works on MLX arrays
+# and MLX's own pools (``MlxAttentionKVPool``: ``k_buffer``/``v_buffer`` lists of
+# ``mx.array``), which none of the rules is about.
+_MLX = "mlx"
+_TORCH_POOL_MODULES = ("torch", "sglang.srt.mem_cache")
+
 FIX_HELPERS: dict[str, str] = {
     "KVC001": "_kvcompat_get_value_buffer",
     "KVC002": "_kvcompat_get_kv_buffer",
@@ -151,6 +158,15 @@ class _Class:
     defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = dataclasses.field(
         default_factory=dict
     )
+    # self.<attr> -> for each assignment in the class, whether a hasattr/isinstance/
+    # type check had asked about the assigned value (``assert isinstance(p, C)``, then
+    # ``self.pool = p``). Filled by the walker.
+    narrowed: dict[str, list[bool]] = dataclasses.field(default_factory=dict)
+
+    def is_narrowed(self, attr: str) -> bool:
+        """Every assignment of ``self.<attr>`` in the class stores a checked value."""
+        assignments = self.narrowed.get(attr, [])
+        return bool(assignments) and all(assignments)
 
     @property
     def is_pool(self) -> bool:
@@ -581,6 +597,9 @@ class _Walker:
         self.names = names
         self.binder = binder
         self.hits: list[Hit] = []
+        # hit index -> the class and ``self`` attribute its receiver is reached from;
+        # the hit stands only if that attribute is not narrowed (see _Class.narrowed).
+        self.through: dict[int, tuple[_Class, str]] = {}
         self.module = tree
         self.parents: dict[ast.AST, ast.AST] = {
             child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)
@@ -594,6 +613,11 @@ class _Walker:
             node, ctx = stack.pop()
             self._check(node, ctx)
             self._push_children(stack, node, ctx)
+        self.hits = [
+            hit
+            for index, hit in enumerate(self.hits)
+            if not ((through := self.through.get(index)) and through[0].is_narrowed(through[1]))
+        ]
 
     # -- what protects a node -------------------------------------------------
 
@@ -776,7 +800,42 @@ class _Walker:
 
     # -- findings -------------------------------------------------------------
 
+    def _record_narrowing(self, node: ast.AST, ctx: _Ctx) -> None:
+        """Note, per ``self.<attr> = value``, whether a check asked about ``value`` first."""
+        cls = ctx.cls
+        if cls is None:
+            return
+        value: ast.expr | None = None
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            value, targets = node.value, node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            value, targets = node.value, [node.target]
+        elif isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor)):
+            targets = [node.target]
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            targets = [node.optional_vars]
+        checked = value is not None and _key(value) in ctx.checked
+        for target in targets:
+            if isinstance(target, ast.Attribute) and _is_self(target.value):
+                cls.narrowed.setdefault(target.attr, []).append(checked)
+                continue
+            for inner in ast.walk(target):  # self.a, self.b = ...: not one checked value
+                if isinstance(inner, ast.Attribute) and _is_self(inner.value):
+                    cls.narrowed.setdefault(inner.attr, []).append(False)
+
+    @staticmethod
+    def _self_attribute(receiver: ast.expr, ctx: _Ctx) -> tuple[_Class, str] | None:
+        """The class and attribute of the ``self.<attr>`` a receiver is reached from."""
+        if ctx.cls is None:
+            return None
+        for prefix in _prefixes(receiver):
+            if isinstance(prefix, ast.Attribute) and _is_self(prefix.value):
+                return ctx.cls, prefix.attr
+        return None
+
     def _check(self, node: ast.AST, ctx: _Ctx) -> None:
+        self._record_narrowing(node, ctx)
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in CALL_RULES:
@@ -820,7 +879,7 @@ class _Walker:
         note = f"; not auto-fixable: {reason}" if reason else ""
         line, col = self._name_position(func)
         message = make_message(code, f"{recv}.{func.attr}()", recv, note)
-        self._add(node, line, col, code, message, edits)
+        self._add(node, line, col, code, message, edits, self._self_attribute(receiver, ctx))
 
     def _check_getattr(self, node: ast.Call, ctx: _Ctx) -> None:
         if len(node.args) != 2 or node.keywords:
@@ -855,7 +914,8 @@ class _Walker:
             line, col = self._name_position(attribute)
         getter = "get_value_buffer" if attr == "v_buffer" else "get_key_buffer"
         use = f"kvcompat.adapt({recv}).{getter}(layer_id) or .read(layer_id, loc)"
-        self._add(node, line, col, code, make_message(code, what, recv, use=use), ())
+        message = make_message(code, what, recv, use=use)
+        self._add(node, line, col, code, message, (), self._self_attribute(receiver, ctx))
 
     def _pool_like(self, receiver: ast.expr, attr: str, ctx: _Ctx) -> bool:
         if _is_self(receiver) and ctx.cls is not None:
@@ -912,7 +972,8 @@ class _Walker:
         line, col = self._name_position(func)
         what = f"{recv}.get_key_buffer() indexed by token (line {where})"
         use = f"kvcompat.adapt({recv}).read(layer_id, loc) / .write(layer_id, loc, key)"
-        self._add(node, line, col, "KVC006", make_message("KVC006", what, recv, use=use), ())
+        message = make_message("KVC006", what, recv, use=use)
+        self._add(node, line, col, "KVC006", message, (), self._self_attribute(receiver, ctx))
 
     def _key_rows(self, node: ast.Call, ctx: _Ctx) -> int | None:
         """The line where the buffer ``node`` returns is indexed by token, if it is."""
@@ -1043,10 +1104,34 @@ class _Walker:
         code: str,
         message: str,
         edits: tuple[Edit, ...],
+        through: tuple[_Class, str] | None = None,
     ) -> None:
         finding = Finding(self.path, line, col, code, message, fixable=bool(edits))
         span = (self.source.start(node), self.source.end(node))
+        if through is not None:
+            self.through[len(self.hits)] = through
         self.hits.append(Hit(finding=finding, span=span, edits=edits))
+
+
+def _imported_modules(tree: ast.Module) -> Iterator[str]:
+    """The absolute module names a module imports, anywhere in it."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def _mlx_only(tree: ast.Module) -> bool:
+    """Whether the module imports MLX and nothing that can hand it an SGLang pool."""
+    modules = list(_imported_modules(tree))
+
+    def under(module: str, package: str) -> bool:
+        return module == package or module.startswith(f"{package}.")
+
+    return any(under(module, _MLX) for module in modules) and not any(
+        under(module, package) for module in modules for package in _TORCH_POOL_MODULES
+    )
 
 
 def analyze(tree: ast.Module, text: str, path: str) -> list[Hit]:
@@ -1069,6 +1154,8 @@ def analyze(tree: ast.Module, text: str, path: str) -> list[Hit]:
     """
     if text.isascii() and not any(name in text for name in _NEEDLES):
         return []  # the fast path for the many modules that never mention these names
+    if _mlx_only(tree):
+        return []  # MLX arrays and MLX pools: none of SGLang's torch pool classes
     names = _Names.collect(tree)
     binder = _Binder(tree, names)
     walker = _Walker(tree, SourceText(text), path, names, binder)

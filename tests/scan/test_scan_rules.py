@@ -181,6 +181,82 @@ def test_a_check_on_another_object_is_no_guard() -> None:
     assert codes(source) == ["KVC001", "KVC004"]
 
 
+# -- a self attribute whose class a check fixed ---------------------------------
+
+_NARROWED_BACKEND = """
+class Backend:
+    def __init__(self, runner):
+        assert isinstance(runner.token_to_kv_pool, MiniMaxSparseKVPool)
+        self.kv_pool = runner.token_to_kv_pool
+        self.alias = runner.token_to_kv_pool
+{extra}
+    def forward(self, layer):
+        k, v = self.kv_pool.get_kv_buffer(layer.layer_id)
+        return self.alias.main_pool.k_buffer[0], k, v
+"""
+
+
+def test_a_self_attribute_assigned_a_checked_value_is_guarded() -> None:
+    # SGLang's MiniMax sparse backend: ``assert isinstance(runner.token_to_kv_pool,
+    # MiniMaxSparseKVPool)`` in __init__, then ``self.kv_pool = runner.token_to_kv_pool``.
+    assert codes(_NARROWED_BACKEND.format(extra="")) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        # Another assignment stores an unchecked value: the attribute is not narrowed.
+        ("    def reset(self, pool):\n        self.kv_pool = pool\n", ["KVC002"]),
+        ("    def reset(self, a):\n        self.kv_pool, self.alias = a\n", ["KVC002", "KVC004"]),
+        ("    def grow(self, a):\n        self.alias += a\n", ["KVC004"]),
+        ("    def scan(self, pools):\n        for self.alias in pools: pass\n", ["KVC004"]),
+    ],
+)
+def test_one_unchecked_assignment_undoes_the_narrowing(extra: str, expected: list[str]) -> None:
+    assert codes(_NARROWED_BACKEND.format(extra=extra)) == expected
+
+
+def test_narrowing_needs_the_check_on_the_assigned_value() -> None:
+    source = """
+    class Backend:
+        def __init__(self, runner, other):
+            assert isinstance(other, MiniMaxSparseKVPool)
+            self.kv_pool = runner.token_to_kv_pool
+            if isinstance(runner.token_to_kv_pool, MHATokenToKVPool):
+                pass
+            self.later = runner.token_to_kv_pool   # the check is in another block
+            self.checked = other
+
+        def forward(self, layer):
+            self.kv_pool.get_kv_buffer(layer.layer_id)
+            self.later.get_kv_buffer(layer.layer_id)
+            self.checked.get_kv_buffer(layer.layer_id)
+    """
+    assert codes(source) == ["KVC002", "KVC002"]
+
+
+# -- MLX modules ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("imports", "expected"),
+    [
+        ("import mlx.core as mx", []),
+        ("from mlx import nn", []),
+        ("import mlx.core as mx\nimport torch", ["KVC004"]),
+        ("import mlx.core as mx\nfrom sglang.srt.mem_cache.memory_pool import KVCache", ["KVC004"]),
+        ("import mlxtend", ["KVC004"]),  # not MLX
+        ("import numpy as np", ["KVC004"]),
+    ],
+)
+def test_mlx_modules_hold_mlx_pools(imports: str, expected: list[str]) -> None:
+    # SGLang's MLX attention wrapper reads its MLX pool's ``k_buffer`` (lists of
+    # mx.array): none of SGLang's torch pool classes can reach a module that imports
+    # MLX but neither torch nor sglang.srt.mem_cache.
+    source = f"{imports}\n\ndef rope(ctx, i):\n    return ctx.kv_pool.k_buffer[i]\n"
+    assert codes(source) == expected
+
+
 # -- detector guards ----------------------------------------------------------
 
 
