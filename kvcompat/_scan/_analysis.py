@@ -21,7 +21,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, Finding, make_message
+from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, RULES, Finding, make_message
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
 
 __all__ = ["FIX_ADAPTER", "FIX_HELPERS", "Edit", "Hit", "analyze"]
@@ -86,11 +86,32 @@ _NEEDLES = (*CALL_RULES, "k_buffer", "v_buffer", "get_key_buffer")
 
 _Position = tuple[int, int]
 
+# The names whose presence tells pool storage layouts apart: a hasattr() about one of
+# them asks what the pool is; one about any other method or attribute does not.
+_LAYOUT_NAMES = frozenset({*CALL_RULES, *ATTRIBUTE_RULES, "get_key_buffer"})
+
 # SGLang's KV pool classes hold torch tensors and live in ``sglang.srt.mem_cache``.
 # A module that imports MLX but neither torch nor that package works on MLX arrays
 # and MLX's own pools (``MlxAttentionKVPool``: ``k_buffer``/``v_buffer`` lists of
 # ``mx.array``), which none of the rules is about.
 _MLX = "mlx"
+# Pool classes that one model family builds, each with the rules whose access works
+# on it (SGLang 0.5.23; docs/scan.md): Qwen's QSA pool (a HybridLinearKVPool over
+# token-major MHA storage) and MiniMax's sparse pools (they forward get_value_buffer,
+# get_kv_buffer and set_kv_buffer to their main pool; only the bf16/fp8 one keeps
+# token rows, the NVFP4 main pool is packed page-major and the NPU one paged). A
+# module that imports one of them, and no class those rules break on, is that
+# family's backend or model: those accesses in it are not findings.
+_METHODS_WORK = frozenset({"KVC001", "KVC002", "KVC003"})
+_FAMILY_POOLS: dict[str, frozenset[str]] = {
+    "QSATokenToKVPool": _METHODS_WORK | {"KVC006"},
+    "MiniMaxSparseKVPool": _METHODS_WORK | {"KVC006"},
+    "MiniMaxM3Nvfp4KVPool": _METHODS_WORK,
+    "NPUMiniMaxSparseKVPool": _METHODS_WORK,
+}
+_BREAKING_POOLS = frozenset(
+    name for code in (*_METHODS_WORK, "KVC006") for name in RULES[code].classes
+)
 _TORCH_POOL_MODULES = ("torch", "sglang.srt.mem_cache")
 
 FIX_HELPERS: dict[str, str] = {
@@ -312,11 +333,21 @@ def _key(expr: ast.expr) -> str:
 
 
 def _receiver_check(call: ast.Call) -> ast.expr | None:
-    """The object ``hasattr(x, ...)``, ``isinstance(x, ...)`` or ``type(x)`` asks about."""
+    """The object ``hasattr(x, ...)``, ``isinstance(x, ...)`` or ``type(x)`` asks about.
+
+    A ``hasattr`` counts only when it asks about the storage (``hasattr(pool,
+    "kv_buffer")``) or a name it does not spell out: ``hasattr(pool,
+    "get_v_head_dim")`` tells hybrid pools apart, not single-KV ones (DeepSeek-V4
+    pools have no ``get_v_head_dim``, so its ``else`` still reaches them).
+    """
     func = call.func
-    if isinstance(func, ast.Name) and func.id in _RECEIVER_CHECKS and call.args:
-        return call.args[0]
-    return None
+    if not (isinstance(func, ast.Name) and func.id in _RECEIVER_CHECKS and call.args):
+        return None
+    if func.id == "hasattr" and len(call.args) == 2:
+        name = call.args[1]
+        if isinstance(name, ast.Constant) and name.value not in _LAYOUT_NAMES:
+            return None
+    return call.args[0]
 
 
 def _parameters(args: ast.arguments) -> Iterator[ast.arg]:
@@ -501,6 +532,9 @@ class _Ctx:
     caught: frozenset[str] = frozenset()
     comprehension_names: frozenset[str] = frozenset()
     checked: frozenset[str] = frozenset()  # _key()s of receivers a hasattr/isinstance tested
+    # _key()s that a later statement of the block checks and leaves on failure
+    # (``self.pool = p`` then ``if not isinstance(self.pool, C): raise``).
+    checked_later: frozenset[str] = frozenset()
     function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | None = None
 
 
@@ -597,6 +631,7 @@ class _Walker:
         self.names = names
         self.binder = binder
         self.hits: list[Hit] = []
+        self.family_rules = _family_rules(tree)
         # hit index -> the class and ``self`` attribute its receiver is reached from;
         # the hit stands only if that attribute is not narrowed (see _Class.narrowed).
         self.through: dict[int, tuple[_Class, str]] = {}
@@ -669,6 +704,8 @@ class _Walker:
     def _protected(self, code: str, receiver: ast.expr, ctx: _Ctx) -> bool:
         if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
             return True
+        if code in self.family_rules:
+            return True
         if ctx.checked and any(_key(prefix) in ctx.checked for prefix in _prefixes(receiver)):
             return True
         if self._own(receiver, ctx) or _HOST_WORD in self.source.segment(receiver).lower():
@@ -694,9 +731,36 @@ class _Walker:
     def _push_block(
         self, stack: list[tuple[ast.AST, _Ctx]], body: Sequence[ast.stmt], ctx: _Ctx
     ) -> None:
-        for stmt in body:
-            stack.append((stmt, ctx))
+        later = self._validated_later(body)
+        for stmt, validated in zip(body, later, strict=True):
+            here = ctx
+            if validated:
+                here = dataclasses.replace(ctx, checked_later=ctx.checked_later | validated)
+            stack.append((stmt, here))
             ctx = self._after(stmt, ctx)
+
+    @staticmethod
+    def _validated_later(body: Sequence[ast.stmt]) -> list[frozenset[str]]:
+        """Per statement, the receivers that an exiting check after it in the block tests.
+
+        ``if not isinstance(x, C): raise ...`` and ``assert isinstance(x, C)`` stop the
+        code when ``x`` is something else, so a value stored in ``x`` before them is
+        a checked one once the block has run.
+        """
+        later: list[frozenset[str]] = []
+        seen: frozenset[str] = frozenset()
+        for stmt in reversed(body):
+            later.append(seen)
+            if isinstance(stmt, (ast.If, ast.Assert)) and (
+                isinstance(stmt, ast.Assert) or _exits(stmt.body)
+            ):
+                seen = seen | {
+                    _key(subject)
+                    for node in ast.walk(stmt.test)
+                    if isinstance(node, ast.Call) and (subject := _receiver_check(node)) is not None
+                }
+        later.reverse()
+        return later
 
     def _fresh(self, node: ast.AST, cls: _Class | None) -> _Ctx:
         """A new scope: guards and ``try`` blocks outside it do not protect its body."""
@@ -818,7 +882,9 @@ class _Walker:
         checked = value is not None and _key(value) in ctx.checked
         for target in targets:
             if isinstance(target, ast.Attribute) and _is_self(target.value):
-                cls.narrowed.setdefault(target.attr, []).append(checked)
+                load = ast.Attribute(value=target.value, attr=target.attr, ctx=ast.Load())
+                validated = checked or _key(load) in ctx.checked_later
+                cls.narrowed.setdefault(target.attr, []).append(validated)
                 continue
             for inner in ast.walk(target):  # self.a, self.b = ...: not one checked value
                 if isinstance(inner, ast.Attribute) and _is_self(inner.value):
@@ -1120,6 +1186,24 @@ def _imported_modules(tree: ast.Module) -> Iterator[str]:
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.module
+
+
+def _family_rules(tree: ast.Module) -> frozenset[str]:
+    """The rules that cannot fire in a module written for one model family's pool.
+
+    Empty unless the module imports a family's pool class (``_FAMILY_POOLS``) and
+    none of the classes the rules break on.
+    """
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    families = [_FAMILY_POOLS[name] for name in sorted(imported & _FAMILY_POOLS.keys())]
+    if not families or imported & _BREAKING_POOLS:
+        return frozenset()
+    return frozenset.intersection(*families)
 
 
 def _mlx_only(tree: ast.Module) -> bool:
