@@ -103,6 +103,10 @@ _MLX = "mlx"
 # module that imports one of them, and no class those rules break on, is that
 # family's backend or model: those accesses in it are not findings.
 _METHODS_WORK = frozenset({"KVC001", "KVC002", "KVC003"})
+# Attributes only SGLang's MHATokenToKVPool (and its subclasses) defines, in 0.5.23:
+# code that has read one of them off a receiver, unguarded, holds an MHA pool, which
+# has k_buffer and v_buffer (TRT-LLM's native-FP4 helper reads the scales first).
+_MHA_ONLY_ATTRIBUTES = frozenset({"native_k_scale_buffer", "native_v_scale_buffer"})
 _FAMILY_POOLS: dict[str, frozenset[str]] = {
     "QSATokenToKVPool": _METHODS_WORK | {"KVC006"},
     "MiniMaxSparseKVPool": _METHODS_WORK | {"KVC006"},
@@ -968,6 +972,8 @@ class _Walker:
         code = ATTRIBUTE_RULES[attr]
         if self._protected(code, receiver, ctx):
             return
+        if code == "KVC004" and self._read_mha_attribute_before(node, receiver, ctx):
+            return
         if code == "KVC005" and not self._token_rows(node):
             return  # per-layer tensors used whole (bytes, pointers, lengths): any layout
         recv = _shown(self.source.segment(receiver))
@@ -982,6 +988,34 @@ class _Walker:
         use = f"kvcompat.adapt({recv}).{getter}(layer_id) or .read(layer_id, loc)"
         message = make_message(code, what, recv, use=use)
         self._add(node, line, col, code, message, (), self._self_attribute(receiver, ctx))
+
+    def _read_mha_attribute_before(self, node: ast.expr, receiver: ast.expr, ctx: _Ctx) -> bool:
+        """Whether the function read an MHA-only attribute of ``receiver`` before ``node``.
+
+        Only statements at the top of the function body count, and of an ``if`` or
+        ``assert`` only the test: those run whenever ``node`` does.
+        """
+        function = ctx.function
+        if not isinstance(function, _FUNCTIONS):
+            return False
+        wanted = _key(receiver)
+        for stmt in function.body:
+            if _end(stmt) >= (node.lineno, node.col_offset):
+                return False
+            if isinstance(stmt, (ast.If, ast.Assert)):
+                always: ast.AST = stmt.test
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr)):
+                always = stmt
+            else:
+                continue
+            for inner in ast.walk(always):
+                if (
+                    isinstance(inner, ast.Attribute)
+                    and inner.attr in _MHA_ONLY_ATTRIBUTES
+                    and _key(inner.value) == wanted
+                ):
+                    return True
+        return False
 
     def _pool_like(self, receiver: ast.expr, attr: str, ctx: _Ctx) -> bool:
         if _is_self(receiver) and ctx.cls is not None:

@@ -713,3 +713,24 @@ def test_model_family_modules(imports: str, expected: list[str]) -> None:
         "    return k_cache[loc], v_cache\n"
     )
     assert codes(f"{imports}\n{body}") == expected
+
+
+def test_a_read_of_an_mha_only_attribute_fixes_the_class() -> None:
+    # TRT-LLM's native-FP4 helper: pool.native_k_scale_buffer (defined only by
+    # MHATokenToKVPool) is read before pool.k_buffer, so only MHA pools get there.
+    source = """
+    def native_fp4(pool, layer):
+        if pool.native_k_scale_buffer is None:
+            raise RuntimeError("no native scales")
+        return pool.k_buffer[layer], pool.v_buffer[layer]
+
+    def only_sometimes(pool, layer, fp4):
+        if fp4:
+            scales = pool.native_k_scale_buffer
+        return pool.k_buffer[layer]
+
+    def another_pool(pool, other_pool, layer):
+        scales = other_pool.native_k_scale_buffer
+        return pool.k_buffer[layer]
+    """
+    assert codes(source) == ["KVC004", "KVC004"]
