@@ -1,15 +1,16 @@
 """Precision and recall of ``kvcompat scan``, per rule, on the labelled corpus of real code.
 
 The corpus (``tests/scan/corpus/labels.json``) names files of the real SGLang 0.5.23
-package and of the LMCache 0.5.6 wheel, each with its SHA-256, and labels every
-finding the scanner reports on them (TP or FP) plus the true accesses it misses
-(FN), each with a one-line reason written after reading the code. Nothing of
+package and of the LMCache 0.5.6 and eagle-harness 0.1.3 wheels, each with its SHA-256,
+and labels every finding the scanner reports on them (TP or FP) plus the true accesses
+it misses (FN), each with a one-line reason written after reading the code. Nothing of
 those packages is copied here: the files are scanned where they are installed
-(SGLang) or from the wheel pip downloads (LMCache).
+(SGLang) or from the wheels pip downloads.
 
 Usage:
-    python benchmarks/scan_precision.py                 # installed sglang; lmcache if found
-    python benchmarks/scan_precision.py --lmcache DIR   # DIR holds the unpacked wheel
+    python benchmarks/scan_precision.py                 # the installed sglang only
+    python benchmarks/scan_precision.py --download      # and pip download the wheels
+    python benchmarks/scan_precision.py --unpacked lmcache=DIR   # DIR: an unpacked wheel
 
 Prints one row per rule (TP, FP, FN, precision, recall) and the totals, on the whole
 corpus and without SGLang's model definitions, then the totals on the generic
@@ -38,8 +39,8 @@ if str(REPO) not in sys.path:  # measure this checkout's scanner, not an install
     sys.path.insert(0, str(REPO))
 
 Key = tuple[str, str, int, int, str]  # package, path, line, col, rule
-# Files of SGLang's srt/models package: code written for one architecture, whose pool
-# class the engine picks for that architecture (invisible to a one-file scan).
+# Model definitions (SGLang's srt/models, a plugin's models package): code written for
+# one architecture, whose pool class the engine picks for it (invisible to a one-file scan).
 MODEL_GROUP = "model"
 
 
@@ -201,25 +202,40 @@ def _show(key: Key) -> str:
     return f"{package}/{path}:{line}:{col} {rule}"
 
 
+def wheel_root(info: Mapping[str, Any], unpacked: Path) -> Path:
+    """The directory the corpus paths of a wheel package are relative to."""
+    top = unpacked / info["root"]
+    return top if top.is_dir() else unpacked
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lmcache", type=Path, help="the unpacked lmcache 0.5.6 wheel")
     parser.add_argument(
-        "--download", action="store_true", help="pip download the lmcache wheel if not given"
+        "--unpacked",
+        action="append",
+        default=[],
+        metavar="PACKAGE=DIR",
+        help="a wheel of the corpus, already unpacked into DIR (repeatable)",
     )
+    parser.add_argument("--download", action="store_true", help="pip download the wheels not given")
     args = parser.parse_args(argv)
     data = load()
     roots: dict[str, Path] = {}
     sglang = package_root("sglang")
     if sglang is not None:
         roots["sglang"] = sglang
+    given = dict(item.split("=", 1) for item in args.unpacked)
     with tempfile.TemporaryDirectory() as tmp:
-        lmcache = args.lmcache
-        if lmcache is None and args.download:
-            info = data["packages"]["lmcache"]
-            lmcache = download_wheel(f"lmcache=={info['version']}", info["wheel"], Path(tmp))
-        if lmcache is not None:
-            roots["lmcache"] = lmcache / "lmcache" if (lmcache / "lmcache").is_dir() else lmcache
+        for name, info in sorted(data["packages"].items()):
+            if "wheel" not in info:
+                continue
+            if name in given:
+                roots[name] = wheel_root(info, Path(given[name]))
+            elif args.download:
+                into = Path(tmp) / name
+                into.mkdir()
+                requirement = f"{name}=={info['version']}"
+                roots[name] = wheel_root(info, download_wheel(requirement, info["wheel"], into))
         _, problems = check(data, roots)
     for problem in problems:
         print(f"corpus: {problem}", file=sys.stderr)
@@ -230,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     groups = (
         ("generic-backend", "generic attention backends"),
-        (MODEL_GROUP, "model definitions (srt/models)"),
+        (MODEL_GROUP, "model definitions"),
     )
     for group, name in groups:
         score = total(scores(data, roots, group=group))
