@@ -119,11 +119,11 @@ def test_precision_and_recall_on_target(sglang_root: Path) -> None:
             if score.precision is not None and score.precision < PRECISION_TARGET
         )
 
-    # The rules below target are the ones docs/scan.md names as such: outside SGLang's
-    # model definitions only KVC007, whose one finding in the wheel is a false one;
-    # on the whole corpus also KVC001 and KVC003, because of model code.
-    assert below(integrations) == ["KVC007"]
-    assert below(per_rule) == ["KVC001", "KVC003", "KVC007"]
+    # The rules below target are the ones docs/scan.md names as such: outside model
+    # definitions KVC003, KVC004 and KVC007 (pools fixed where a one-file scan cannot
+    # see); on the whole corpus also KVC001 and KVC002, because of model code.
+    assert below(integrations) == ["KVC003", "KVC004", "KVC007"]
+    assert below(per_rule) == ["KVC001", "KVC002", "KVC003", "KVC004", "KVC007"]
     docs = (REPO / "docs" / "scan.md").read_text(encoding="utf-8")
     assert scan_precision.table(per_rule) in docs
     assert scan_precision.table(integrations) in docs
