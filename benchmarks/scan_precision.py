@@ -1,18 +1,20 @@
 """Precision and recall of ``kvcompat scan``, per rule, on the labelled corpus of real code.
 
 The corpus (``tests/scan/corpus/labels.json``) names files of the real SGLang 0.5.23
-package and of the LMCache 0.5.6 wheel, each with its SHA-256, and labels every
-finding the scanner reports on them (TP or FP) plus the true accesses it misses
-(FN), each with a one-line reason written after reading the code. Nothing of
+package and of the LMCache 0.5.6 and eagle-harness 0.1.3 wheels, each with its SHA-256,
+and labels every finding the scanner reports on them (TP or FP) plus the true accesses
+it misses (FN), each with a one-line reason written after reading the code. Nothing of
 those packages is copied here: the files are scanned where they are installed
-(SGLang) or from the wheel pip downloads (LMCache).
+(SGLang) or from the wheels pip downloads.
 
 Usage:
-    python benchmarks/scan_precision.py                 # installed sglang; lmcache if found
-    python benchmarks/scan_precision.py --lmcache DIR   # DIR holds the unpacked wheel
+    python benchmarks/scan_precision.py                 # the installed sglang only
+    python benchmarks/scan_precision.py --download      # and pip download the wheels
+    python benchmarks/scan_precision.py --unpacked lmcache=DIR   # DIR: an unpacked wheel
 
-Prints one row per rule (TP, FP, FN, precision, recall), the totals, and the
-recall on the generic attention backends; exits 1 if a finding has no label, a
+Prints one row per rule (TP, FP, FN, precision, recall) and the totals, on the whole
+corpus and without SGLang's model definitions, then the totals on the generic
+attention backends and on the model definitions; exits 1 if a finding has no label, a
 labelled TP/FP is no longer reported, or a file's hash differs from the label's.
 """
 
@@ -31,9 +33,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-LABELS = Path(__file__).resolve().parent.parent / "tests" / "scan" / "corpus" / "labels.json"
+REPO = Path(__file__).resolve().parent.parent
+LABELS = REPO / "tests" / "scan" / "corpus" / "labels.json"
+if str(REPO) not in sys.path:  # measure this checkout's scanner, not an installed kvcompat
+    sys.path.insert(0, str(REPO))
 
 Key = tuple[str, str, int, int, str]  # package, path, line, col, rule
+# Model definitions (SGLang's srt/models, a plugin's models package): code written for
+# one architecture, whose pool class the engine picks for it (invisible to a one-file scan).
+MODEL_GROUP = "model"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,14 +145,21 @@ def check(data: Mapping[str, Any], roots: Mapping[str, Path]) -> tuple[set[Key],
 
 
 def scores(
-    data: Mapping[str, Any], packages: Iterable[str], group: str | None = None
+    data: Mapping[str, Any],
+    packages: Iterable[str],
+    group: str | None = None,
+    *,
+    without: str | None = None,
 ) -> dict[str, Score]:
-    """Per-rule scores from the labels of ``packages`` (only files of ``group`` if given)."""
+    """Per-rule scores from the labels of ``packages``.
+
+    Only files of ``group`` count if it is given, and none of ``without``.
+    """
     wanted = set(packages)
     in_group = {
         (entry["package"], entry["path"])
         for entry in data["files"]
-        if group is None or entry["group"] == group
+        if (group is None or entry["group"] == group) and entry["group"] != without
     }
     counts: dict[str, dict[str, int]] = {}
     for label in data["labels"]:
@@ -187,35 +202,58 @@ def _show(key: Key) -> str:
     return f"{package}/{path}:{line}:{col} {rule}"
 
 
+def wheel_root(info: Mapping[str, Any], unpacked: Path) -> Path:
+    """The directory the corpus paths of a wheel package are relative to."""
+    top = unpacked / info["root"]
+    return top if top.is_dir() else unpacked
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lmcache", type=Path, help="the unpacked lmcache 0.5.6 wheel")
     parser.add_argument(
-        "--download", action="store_true", help="pip download the lmcache wheel if not given"
+        "--unpacked",
+        action="append",
+        default=[],
+        metavar="PACKAGE=DIR",
+        help="a wheel of the corpus, already unpacked into DIR (repeatable)",
     )
+    parser.add_argument("--download", action="store_true", help="pip download the wheels not given")
     args = parser.parse_args(argv)
     data = load()
     roots: dict[str, Path] = {}
     sglang = package_root("sglang")
     if sglang is not None:
         roots["sglang"] = sglang
+    given = dict(item.split("=", 1) for item in args.unpacked)
     with tempfile.TemporaryDirectory() as tmp:
-        lmcache = args.lmcache
-        if lmcache is None and args.download:
-            info = data["packages"]["lmcache"]
-            lmcache = download_wheel(f"lmcache=={info['version']}", info["wheel"], Path(tmp))
-        if lmcache is not None:
-            roots["lmcache"] = lmcache / "lmcache" if (lmcache / "lmcache").is_dir() else lmcache
+        for name, info in sorted(data["packages"].items()):
+            if "wheel" not in info:
+                continue
+            if name in given:
+                roots[name] = wheel_root(info, Path(given[name]))
+            elif args.download:
+                into = Path(tmp) / name
+                into.mkdir()
+                requirement = f"{name}=={info['version']}"
+                roots[name] = wheel_root(info, download_wheel(requirement, info["wheel"], into))
         _, problems = check(data, roots)
     for problem in problems:
         print(f"corpus: {problem}", file=sys.stderr)
     print(f"packages scanned: {', '.join(sorted(roots)) or 'none'}\n")
     print(table(scores(data, roots)))
-    generic = total(scores(data, roots, group="generic-backend"))
-    print(
-        f"\ngeneric attention backends: precision {_percent(generic.precision)}, "
-        f"recall {_percent(generic.recall)} ({generic.tp} TP, {generic.fp} FP, {generic.fn} FN)"
+    print(f"\nwithout model definitions (group {MODEL_GROUP!r}):\n")
+    print(table(scores(data, roots, without=MODEL_GROUP)))
+    print()
+    groups = (
+        ("generic-backend", "generic attention backends"),
+        (MODEL_GROUP, "model definitions"),
     )
+    for group, name in groups:
+        score = total(scores(data, roots, group=group))
+        print(
+            f"{name}: precision {_percent(score.precision)}, recall {_percent(score.recall)} "
+            f"({score.tp} TP, {score.fp} FP, {score.fn} FN)"
+        )
     return 1 if problems else 0
 
 

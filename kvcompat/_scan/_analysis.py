@@ -21,7 +21,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, Finding, make_message
+from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, RULES, Finding, make_message
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
 
 __all__ = ["FIX_ADAPTER", "FIX_HELPERS", "Edit", "Hit", "analyze"]
@@ -85,6 +85,38 @@ _MAX_SHOWN = 40
 _NEEDLES = (*CALL_RULES, "k_buffer", "v_buffer", "get_key_buffer")
 
 _Position = tuple[int, int]
+
+# The names whose presence tells pool storage layouts apart: a hasattr() about one of
+# them asks what the pool is; one about any other method or attribute does not.
+_LAYOUT_NAMES = frozenset({*CALL_RULES, *ATTRIBUTE_RULES, "get_key_buffer"})
+
+# SGLang's KV pool classes hold torch tensors and live in ``sglang.srt.mem_cache``.
+# A module that imports MLX but neither torch nor that package works on MLX arrays
+# and MLX's own pools (``MlxAttentionKVPool``: ``k_buffer``/``v_buffer`` lists of
+# ``mx.array``), which none of the rules is about.
+_MLX = "mlx"
+# Pool classes that one model family builds, each with the rules whose access works
+# on it (SGLang 0.5.23; docs/scan.md): Qwen's QSA pool (a HybridLinearKVPool over
+# token-major MHA storage) and MiniMax's sparse pools (they forward get_value_buffer,
+# get_kv_buffer and set_kv_buffer to their main pool; only the bf16/fp8 one keeps
+# token rows, the NVFP4 main pool is packed page-major and the NPU one paged). A
+# module that imports one of them, and no class those rules break on, is that
+# family's backend or model: those accesses in it are not findings.
+_METHODS_WORK = frozenset({"KVC001", "KVC002", "KVC003"})
+# Attributes only SGLang's MHATokenToKVPool (and its subclasses) defines, in 0.5.23:
+# code that has read one of them off a receiver, unguarded, holds an MHA pool, which
+# has k_buffer and v_buffer (TRT-LLM's native-FP4 helper reads the scales first).
+_MHA_ONLY_ATTRIBUTES = frozenset({"native_k_scale_buffer", "native_v_scale_buffer"})
+_FAMILY_POOLS: dict[str, frozenset[str]] = {
+    "QSATokenToKVPool": _METHODS_WORK | {"KVC006"},
+    "MiniMaxSparseKVPool": _METHODS_WORK | {"KVC006"},
+    "MiniMaxM3Nvfp4KVPool": _METHODS_WORK,
+    "NPUMiniMaxSparseKVPool": _METHODS_WORK,
+}
+_BREAKING_POOLS = frozenset(
+    name for code in (*_METHODS_WORK, "KVC006") for name in RULES[code].classes
+)
+_TORCH_POOL_MODULES = ("torch", "sglang.srt.mem_cache")
 
 FIX_HELPERS: dict[str, str] = {
     "KVC001": "_kvcompat_get_value_buffer",
@@ -151,6 +183,15 @@ class _Class:
     defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = dataclasses.field(
         default_factory=dict
     )
+    # self.<attr> -> for each assignment in the class, whether a hasattr/isinstance/
+    # type check had asked about the assigned value (``assert isinstance(p, C)``, then
+    # ``self.pool = p``). Filled by the walker.
+    narrowed: dict[str, list[bool]] = dataclasses.field(default_factory=dict)
+
+    def is_narrowed(self, attr: str) -> bool:
+        """Every assignment of ``self.<attr>`` in the class stores a checked value."""
+        assignments = self.narrowed.get(attr, [])
+        return bool(assignments) and all(assignments)
 
     @property
     def is_pool(self) -> bool:
@@ -296,11 +337,21 @@ def _key(expr: ast.expr) -> str:
 
 
 def _receiver_check(call: ast.Call) -> ast.expr | None:
-    """The object ``hasattr(x, ...)``, ``isinstance(x, ...)`` or ``type(x)`` asks about."""
+    """The object ``hasattr(x, ...)``, ``isinstance(x, ...)`` or ``type(x)`` asks about.
+
+    A ``hasattr`` counts only when it asks about the storage (``hasattr(pool,
+    "kv_buffer")``) or a name it does not spell out: ``hasattr(pool,
+    "get_v_head_dim")`` tells hybrid pools apart, not single-KV ones (DeepSeek-V4
+    pools have no ``get_v_head_dim``, so its ``else`` still reaches them).
+    """
     func = call.func
-    if isinstance(func, ast.Name) and func.id in _RECEIVER_CHECKS and call.args:
-        return call.args[0]
-    return None
+    if not (isinstance(func, ast.Name) and func.id in _RECEIVER_CHECKS and call.args):
+        return None
+    if func.id == "hasattr" and len(call.args) == 2:
+        name = call.args[1]
+        if isinstance(name, ast.Constant) and name.value not in _LAYOUT_NAMES:
+            return None
+    return call.args[0]
 
 
 def _parameters(args: ast.arguments) -> Iterator[ast.arg]:
@@ -485,6 +536,9 @@ class _Ctx:
     caught: frozenset[str] = frozenset()
     comprehension_names: frozenset[str] = frozenset()
     checked: frozenset[str] = frozenset()  # _key()s of receivers a hasattr/isinstance tested
+    # _key()s that a later statement of the block checks and leaves on failure
+    # (``self.pool = p`` then ``if not isinstance(self.pool, C): raise``).
+    checked_later: frozenset[str] = frozenset()
     function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | None = None
 
 
@@ -581,6 +635,10 @@ class _Walker:
         self.names = names
         self.binder = binder
         self.hits: list[Hit] = []
+        self.family_rules = _family_rules(tree)
+        # hit index -> the class and ``self`` attribute its receiver is reached from;
+        # the hit stands only if that attribute is not narrowed (see _Class.narrowed).
+        self.through: dict[int, tuple[_Class, str]] = {}
         self.module = tree
         self.parents: dict[ast.AST, ast.AST] = {
             child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)
@@ -594,6 +652,11 @@ class _Walker:
             node, ctx = stack.pop()
             self._check(node, ctx)
             self._push_children(stack, node, ctx)
+        self.hits = [
+            hit
+            for index, hit in enumerate(self.hits)
+            if not ((through := self.through.get(index)) and through[0].is_narrowed(through[1]))
+        ]
 
     # -- what protects a node -------------------------------------------------
 
@@ -645,6 +708,8 @@ class _Walker:
     def _protected(self, code: str, receiver: ast.expr, ctx: _Ctx) -> bool:
         if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
             return True
+        if code in self.family_rules:
+            return True
         if ctx.checked and any(_key(prefix) in ctx.checked for prefix in _prefixes(receiver)):
             return True
         if self._own(receiver, ctx) or _HOST_WORD in self.source.segment(receiver).lower():
@@ -670,9 +735,36 @@ class _Walker:
     def _push_block(
         self, stack: list[tuple[ast.AST, _Ctx]], body: Sequence[ast.stmt], ctx: _Ctx
     ) -> None:
-        for stmt in body:
-            stack.append((stmt, ctx))
+        later = self._validated_later(body)
+        for stmt, validated in zip(body, later, strict=True):
+            here = ctx
+            if validated:
+                here = dataclasses.replace(ctx, checked_later=ctx.checked_later | validated)
+            stack.append((stmt, here))
             ctx = self._after(stmt, ctx)
+
+    @staticmethod
+    def _validated_later(body: Sequence[ast.stmt]) -> list[frozenset[str]]:
+        """Per statement, the receivers that an exiting check after it in the block tests.
+
+        ``if not isinstance(x, C): raise ...`` and ``assert isinstance(x, C)`` stop the
+        code when ``x`` is something else, so a value stored in ``x`` before them is
+        a checked one once the block has run.
+        """
+        later: list[frozenset[str]] = []
+        seen: frozenset[str] = frozenset()
+        for stmt in reversed(body):
+            later.append(seen)
+            if isinstance(stmt, (ast.If, ast.Assert)) and (
+                isinstance(stmt, ast.Assert) or _exits(stmt.body)
+            ):
+                seen = seen | {
+                    _key(subject)
+                    for node in ast.walk(stmt.test)
+                    if isinstance(node, ast.Call) and (subject := _receiver_check(node)) is not None
+                }
+        later.reverse()
+        return later
 
     def _fresh(self, node: ast.AST, cls: _Class | None) -> _Ctx:
         """A new scope: guards and ``try`` blocks outside it do not protect its body."""
@@ -776,7 +868,44 @@ class _Walker:
 
     # -- findings -------------------------------------------------------------
 
+    def _record_narrowing(self, node: ast.AST, ctx: _Ctx) -> None:
+        """Note, per ``self.<attr> = value``, whether a check asked about ``value`` first."""
+        cls = ctx.cls
+        if cls is None:
+            return
+        value: ast.expr | None = None
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            value, targets = node.value, node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            value, targets = node.value, [node.target]
+        elif isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor)):
+            targets = [node.target]
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            targets = [node.optional_vars]
+        checked = value is not None and _key(value) in ctx.checked
+        for target in targets:
+            if isinstance(target, ast.Attribute) and _is_self(target.value):
+                load = ast.Attribute(value=target.value, attr=target.attr, ctx=ast.Load())
+                validated = checked or _key(load) in ctx.checked_later
+                cls.narrowed.setdefault(target.attr, []).append(validated)
+                continue
+            for inner in ast.walk(target):  # self.a, self.b = ...: not one checked value
+                if isinstance(inner, ast.Attribute) and _is_self(inner.value):
+                    cls.narrowed.setdefault(inner.attr, []).append(False)
+
+    @staticmethod
+    def _self_attribute(receiver: ast.expr, ctx: _Ctx) -> tuple[_Class, str] | None:
+        """The class and attribute of the ``self.<attr>`` a receiver is reached from."""
+        if ctx.cls is None:
+            return None
+        for prefix in _prefixes(receiver):
+            if isinstance(prefix, ast.Attribute) and _is_self(prefix.value):
+                return ctx.cls, prefix.attr
+        return None
+
     def _check(self, node: ast.AST, ctx: _Ctx) -> None:
+        self._record_narrowing(node, ctx)
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in CALL_RULES:
@@ -820,7 +949,7 @@ class _Walker:
         note = f"; not auto-fixable: {reason}" if reason else ""
         line, col = self._name_position(func)
         message = make_message(code, f"{recv}.{func.attr}()", recv, note)
-        self._add(node, line, col, code, message, edits)
+        self._add(node, line, col, code, message, edits, self._self_attribute(receiver, ctx))
 
     def _check_getattr(self, node: ast.Call, ctx: _Ctx) -> None:
         if len(node.args) != 2 or node.keywords:
@@ -843,6 +972,8 @@ class _Walker:
         code = ATTRIBUTE_RULES[attr]
         if self._protected(code, receiver, ctx):
             return
+        if code == "KVC004" and self._read_mha_attribute_before(node, receiver, ctx):
+            return
         if code == "KVC005" and not self._token_rows(node):
             return  # per-layer tensors used whole (bytes, pointers, lengths): any layout
         recv = _shown(self.source.segment(receiver))
@@ -855,7 +986,36 @@ class _Walker:
             line, col = self._name_position(attribute)
         getter = "get_value_buffer" if attr == "v_buffer" else "get_key_buffer"
         use = f"kvcompat.adapt({recv}).{getter}(layer_id) or .read(layer_id, loc)"
-        self._add(node, line, col, code, make_message(code, what, recv, use=use), ())
+        message = make_message(code, what, recv, use=use)
+        self._add(node, line, col, code, message, (), self._self_attribute(receiver, ctx))
+
+    def _read_mha_attribute_before(self, node: ast.expr, receiver: ast.expr, ctx: _Ctx) -> bool:
+        """Whether the function read an MHA-only attribute of ``receiver`` before ``node``.
+
+        Only statements at the top of the function body count, and of an ``if`` or
+        ``assert`` only the test: those run whenever ``node`` does.
+        """
+        function = ctx.function
+        if not isinstance(function, _FUNCTIONS):
+            return False
+        wanted = _key(receiver)
+        for stmt in function.body:
+            if _end(stmt) >= (node.lineno, node.col_offset):
+                return False
+            if isinstance(stmt, (ast.If, ast.Assert)):
+                always: ast.AST = stmt.test
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr)):
+                always = stmt
+            else:
+                continue
+            for inner in ast.walk(always):
+                if (
+                    isinstance(inner, ast.Attribute)
+                    and inner.attr in _MHA_ONLY_ATTRIBUTES
+                    and _key(inner.value) == wanted
+                ):
+                    return True
+        return False
 
     def _pool_like(self, receiver: ast.expr, attr: str, ctx: _Ctx) -> bool:
         if _is_self(receiver) and ctx.cls is not None:
@@ -912,7 +1072,8 @@ class _Walker:
         line, col = self._name_position(func)
         what = f"{recv}.get_key_buffer() indexed by token (line {where})"
         use = f"kvcompat.adapt({recv}).read(layer_id, loc) / .write(layer_id, loc, key)"
-        self._add(node, line, col, "KVC006", make_message("KVC006", what, recv, use=use), ())
+        message = make_message("KVC006", what, recv, use=use)
+        self._add(node, line, col, "KVC006", message, (), self._self_attribute(receiver, ctx))
 
     def _key_rows(self, node: ast.Call, ctx: _Ctx) -> int | None:
         """The line where the buffer ``node`` returns is indexed by token, if it is."""
@@ -1043,10 +1204,52 @@ class _Walker:
         code: str,
         message: str,
         edits: tuple[Edit, ...],
+        through: tuple[_Class, str] | None = None,
     ) -> None:
         finding = Finding(self.path, line, col, code, message, fixable=bool(edits))
         span = (self.source.start(node), self.source.end(node))
+        if through is not None:
+            self.through[len(self.hits)] = through
         self.hits.append(Hit(finding=finding, span=span, edits=edits))
+
+
+def _imported_modules(tree: ast.Module) -> Iterator[str]:
+    """The absolute module names a module imports, anywhere in it."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def _family_rules(tree: ast.Module) -> frozenset[str]:
+    """The rules that cannot fire in a module written for one model family's pool.
+
+    Empty unless the module imports a family's pool class (``_FAMILY_POOLS``) and
+    none of the classes the rules break on.
+    """
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    families = [_FAMILY_POOLS[name] for name in sorted(imported & _FAMILY_POOLS.keys())]
+    if not families or imported & _BREAKING_POOLS:
+        return frozenset()
+    return frozenset.intersection(*families)
+
+
+def _mlx_only(tree: ast.Module) -> bool:
+    """Whether the module imports MLX and nothing that can hand it an SGLang pool."""
+    modules = list(_imported_modules(tree))
+
+    def under(module: str, package: str) -> bool:
+        return module == package or module.startswith(f"{package}.")
+
+    return any(under(module, _MLX) for module in modules) and not any(
+        under(module, package) for module in modules for package in _TORCH_POOL_MODULES
+    )
 
 
 def analyze(tree: ast.Module, text: str, path: str) -> list[Hit]:
@@ -1069,6 +1272,8 @@ def analyze(tree: ast.Module, text: str, path: str) -> list[Hit]:
     """
     if text.isascii() and not any(name in text for name in _NEEDLES):
         return []  # the fast path for the many modules that never mention these names
+    if _mlx_only(tree):
+        return []  # MLX arrays and MLX pools: none of SGLang's torch pool classes
     names = _Names.collect(tree)
     binder = _Binder(tree, names)
     walker = _Walker(tree, SourceText(text), path, names, binder)

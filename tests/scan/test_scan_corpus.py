@@ -1,10 +1,10 @@
 """The labelled corpus of real code: every finding labelled, precision and recall on target.
 
 ``tests/scan/corpus/labels.json`` names files of the real SGLang 0.5.23 package and of
-the LMCache 0.5.6 wheel (with their SHA-256) and labels every finding the scanner
-reports on them, TP or FP, plus the true accesses it misses (FN), each with the
-reason. Nothing of those packages is copied into this repository: SGLang is
-scanned where it is installed, LMCache from the wheel pip downloads.
+the LMCache 0.5.6 and eagle-harness 0.1.3 wheels (with their SHA-256) and labels every
+finding the scanner reports on them, TP or FP, plus the true accesses it misses (FN),
+each with the reason. Nothing of those packages is copied into this repository: SGLang
+is scanned where it is installed, the others from the wheels pip downloads.
 
 A new finding on a labelled file fails here until someone reads the code and labels
 it; so does a labelled finding that disappears (relabel it FN, or drop an FP).
@@ -53,16 +53,23 @@ def sglang_root() -> Path:
     return Path(root)
 
 
-@pytest.fixture(scope="session")
-def lmcache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    info = DATA["packages"]["lmcache"]
+WHEELS = sorted(name for name, info in DATA["packages"].items() if "wheel" in info)
+
+
+@pytest.fixture(scope="session", params=WHEELS)
+def wheel(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path]:
+    """(package, its unpacked root) for each wheel of the corpus, downloaded with pip."""
+    name: str = request.param
+    info = DATA["packages"][name]
     try:
         unpacked = scan_precision.download_wheel(
-            f"lmcache=={info['version']}", info["wheel"], tmp_path_factory.mktemp("lmcache")
+            f"{name}=={info['version']}", info["wheel"], tmp_path_factory.mktemp(name)
         )
     except (RuntimeError, OSError) as exc:  # no network: the per-file hashes keep labels honest
-        pytest.skip(f"cannot download the lmcache {info['version']} wheel: {exc}")
-    return Path(unpacked) / "lmcache"
+        pytest.skip(f"cannot download the {name} {info['version']} wheel: {exc}")
+    return name, scan_precision.wheel_root(info, Path(unpacked))
 
 
 def test_the_labels_are_well_formed() -> None:
@@ -87,26 +94,36 @@ def test_every_sglang_finding_is_labelled(sglang_root: Path) -> None:
     assert len(found) >= 50
 
 
-def test_every_lmcache_finding_is_labelled(lmcache_root: Path) -> None:
-    _, problems = scan_precision.check(DATA, {"lmcache": lmcache_root})
+def test_every_wheel_finding_is_labelled(wheel: tuple[str, Path]) -> None:
+    name, root = wheel
+    _, problems = scan_precision.check(DATA, {name: root})
     assert problems == []
 
 
 @pytest.mark.sglang
 def test_precision_and_recall_on_target(sglang_root: Path) -> None:
-    per_rule = scan_precision.scores(DATA, ["sglang", "lmcache"])
+    packages = list(DATA["packages"])
+    per_rule = scan_precision.scores(DATA, packages)
+    integrations = scan_precision.scores(DATA, packages, without=scan_precision.MODEL_GROUP)
     generic = scan_precision.total(scan_precision.scores(DATA, ["sglang"], group="generic-backend"))
-    print("\n" + scan_precision.table(per_rule))
+    print("\n" + scan_precision.table(per_rule) + "\n\n" + scan_precision.table(integrations))
     assert generic.recall is not None
     assert generic.recall >= RECALL_TARGET
     assert generic.precision is not None
     assert generic.precision >= PRECISION_TARGET
-    # Per rule: the ones below target are the ones docs/scan.md names as such.
-    below = sorted(
-        rule
-        for rule, score in per_rule.items()
-        if score.precision is not None and score.precision < PRECISION_TARGET
-    )
-    assert below == ["KVC002", "KVC004"]
+
+    def below(scores: dict[str, Any]) -> list[str]:
+        return sorted(
+            rule
+            for rule, score in scores.items()
+            if score.precision is not None and score.precision < PRECISION_TARGET
+        )
+
+    # The rules below target are the ones docs/scan.md names as such: outside model
+    # definitions KVC003, KVC004 and KVC007 (pools fixed where a one-file scan cannot
+    # see); on the whole corpus also KVC001 and KVC002, because of model code.
+    assert below(integrations) == ["KVC003", "KVC004", "KVC007"]
+    assert below(per_rule) == ["KVC001", "KVC002", "KVC003", "KVC004", "KVC007"]
     docs = (REPO / "docs" / "scan.md").read_text(encoding="utf-8")
     assert scan_precision.table(per_rule) in docs
+    assert scan_precision.table(integrations) in docs

@@ -181,6 +181,136 @@ def test_a_check_on_another_object_is_no_guard() -> None:
     assert codes(source) == ["KVC001", "KVC004"]
 
 
+def test_a_hasattr_about_another_method_is_no_guard() -> None:
+    # SGLang's aiter backend: hybrid pools have get_v_head_dim, DeepSeek-V4 pools do
+    # not, so the else branch (the v_head_dim probe) runs on them and raises.
+    source = """
+    if hasattr(pool, "get_v_head_dim"):
+        v_head_dim = pool.get_v_head_dim()
+    else:
+        v_head_dim = pool.get_value_buffer(0).shape[-1]
+    if hasattr(pool, "kv_buffer") or hasattr(pool, attribute_name):
+        pool.get_value_buffer(0)
+    """
+    assert codes(source) == ["KVC001"]
+
+
+# -- a self attribute whose class a check fixed ---------------------------------
+
+_NARROWED_BACKEND = """
+class Backend:
+    def __init__(self, runner):
+        assert isinstance(runner.token_to_kv_pool, MiniMaxSparseKVPool)
+        self.kv_pool = runner.token_to_kv_pool
+        self.alias = runner.token_to_kv_pool
+{extra}
+    def forward(self, layer):
+        k, v = self.kv_pool.get_kv_buffer(layer.layer_id)
+        return self.alias.main_pool.k_buffer[0], k, v
+"""
+
+
+def test_a_self_attribute_assigned_a_checked_value_is_guarded() -> None:
+    # SGLang's MiniMax sparse backend: ``assert isinstance(runner.token_to_kv_pool,
+    # MiniMaxSparseKVPool)`` in __init__, then ``self.kv_pool = runner.token_to_kv_pool``.
+    assert codes(_NARROWED_BACKEND.format(extra="")) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        # Another assignment stores an unchecked value: the attribute is not narrowed.
+        ("    def reset(self, pool):\n        self.kv_pool = pool\n", ["KVC002"]),
+        ("    def reset(self, a):\n        self.kv_pool, self.alias = a\n", ["KVC002", "KVC004"]),
+        ("    def grow(self, a):\n        self.alias += a\n", ["KVC004"]),
+        ("    def scan(self, pools):\n        for self.alias in pools: pass\n", ["KVC004"]),
+    ],
+)
+def test_one_unchecked_assignment_undoes_the_narrowing(extra: str, expected: list[str]) -> None:
+    assert codes(_NARROWED_BACKEND.format(extra=extra)) == expected
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        "if not isinstance(self.kv_pool, MiniMaxM3Nvfp4KVPool):\n                raise ValueError",
+        "assert isinstance(self.kv_pool, MiniMaxM3Nvfp4KVPool)",
+    ],
+)
+def test_a_self_attribute_checked_after_its_assignment_is_guarded(check: str) -> None:
+    # SGLang's MiniMax NVFP4 backend stores runner.token_to_kv_pool, then raises
+    # unless it is a MiniMaxM3Nvfp4KVPool.
+    source = f"""
+    class Backend:
+        def __init__(self, runner):
+            self.kv_pool = runner.token_to_kv_pool
+            self.unchecked = runner.token_to_kv_pool
+            {check}
+            self.alias = self.kv_pool
+
+        def forward(self, layer):
+            self.kv_pool.get_kv_buffer(layer.layer_id)
+            self.alias.get_kv_buffer(layer.layer_id)
+            self.unchecked.get_kv_buffer(layer.layer_id)
+    """
+    assert codes(source) == ["KVC002"]
+
+
+def test_a_check_that_does_not_leave_validates_nothing() -> None:
+    source = """
+    class Backend:
+        def __init__(self, runner):
+            self.kv_pool = runner.token_to_kv_pool
+            if not isinstance(self.kv_pool, MiniMaxM3Nvfp4KVPool):
+                log("unexpected pool")
+
+        def forward(self, layer):
+            self.kv_pool.get_kv_buffer(layer.layer_id)
+    """
+    assert codes(source) == ["KVC002"]
+
+
+def test_narrowing_needs_the_check_on_the_assigned_value() -> None:
+    source = """
+    class Backend:
+        def __init__(self, runner, other):
+            assert isinstance(other, MiniMaxSparseKVPool)
+            self.kv_pool = runner.token_to_kv_pool
+            if isinstance(runner.token_to_kv_pool, MHATokenToKVPool):
+                pass
+            self.later = runner.token_to_kv_pool   # the check is in another block
+            self.checked = other
+
+        def forward(self, layer):
+            self.kv_pool.get_kv_buffer(layer.layer_id)
+            self.later.get_kv_buffer(layer.layer_id)
+            self.checked.get_kv_buffer(layer.layer_id)
+    """
+    assert codes(source) == ["KVC002", "KVC002"]
+
+
+# -- MLX modules ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("imports", "expected"),
+    [
+        ("import mlx.core as mx", []),
+        ("from mlx import nn", []),
+        ("import mlx.core as mx\nimport torch", ["KVC004"]),
+        ("import mlx.core as mx\nfrom sglang.srt.mem_cache.memory_pool import KVCache", ["KVC004"]),
+        ("import mlxtend", ["KVC004"]),  # not MLX
+        ("import numpy as np", ["KVC004"]),
+    ],
+)
+def test_mlx_modules_hold_mlx_pools(imports: str, expected: list[str]) -> None:
+    # SGLang's MLX attention wrapper reads its MLX pool's ``k_buffer`` (lists of
+    # mx.array): none of SGLang's torch pool classes can reach a module that imports
+    # MLX but neither torch nor sglang.srt.mem_cache.
+    source = f"{imports}\n\ndef rope(ctx, i):\n    return ctx.kv_pool.k_buffer[i]\n"
+    assert codes(source) == expected
+
+
 # -- detector guards ----------------------------------------------------------
 
 
@@ -547,3 +677,60 @@ def test_too_deep_for_the_parser_is_reported() -> None:
     [finding] = scan_source(source)
     assert finding.code == "KVC900"
     assert "too deeply nested" in finding.message
+
+
+# -- modules written for one model family's pool ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("imports", "expected"),
+    [
+        # SGLang's QSA backend: its pools are QSATokenToKVPool / HybridLinearKVPool /
+        # MHATokenToKVPool, token-major, where every one of these accesses works.
+        ("from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool", []),
+        # The MiniMax NVFP4 main pool is packed page-major: token rows misread.
+        (
+            "from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import MiniMaxM3Nvfp4KVPool",
+            ["KVC006"],
+        ),
+        # A module that also imports a class the methods break on is generic.
+        (
+            (
+                "from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool\n"
+                "from sglang.srt.mem_cache.memory_pool import MHATokenToKOnlyPool"
+            ),
+            ["KVC001", "KVC006", "KVC003"],
+        ),
+        ("", ["KVC001", "KVC006", "KVC003"]),
+    ],
+)
+def test_model_family_modules(imports: str, expected: list[str]) -> None:
+    body = (
+        "def forward(pool, layer, loc, k, v):\n"
+        "    v_cache = pool.get_value_buffer(layer.layer_id)\n"
+        "    k_cache = pool.get_key_buffer(layer.layer_id)\n"
+        "    pool.set_kv_buffer(layer, loc, k, v)\n"
+        "    return k_cache[loc], v_cache\n"
+    )
+    assert codes(f"{imports}\n{body}") == expected
+
+
+def test_a_read_of_an_mha_only_attribute_fixes_the_class() -> None:
+    # TRT-LLM's native-FP4 helper: pool.native_k_scale_buffer (defined only by
+    # MHATokenToKVPool) is read before pool.k_buffer, so only MHA pools get there.
+    source = """
+    def native_fp4(pool, layer):
+        if pool.native_k_scale_buffer is None:
+            raise RuntimeError("no native scales")
+        return pool.k_buffer[layer], pool.v_buffer[layer]
+
+    def only_sometimes(pool, layer, fp4):
+        if fp4:
+            scales = pool.native_k_scale_buffer
+        return pool.k_buffer[layer]
+
+    def another_pool(pool, other_pool, layer):
+        scales = other_pool.native_k_scale_buffer
+        return pool.k_buffer[layer]
+    """
+    assert codes(source) == ["KVC004", "KVC004"]
