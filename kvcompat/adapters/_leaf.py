@@ -1009,7 +1009,16 @@ class KeyOnlyAdapter(LeafAdapter):
         """
         return mha_layer_layout(self._native, key, None, self._name)
 
-    layout_name = SplitAdapter.layout_name
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """``"mha-nhd"`` / ``"mha-hnd"``, as :meth:`SplitAdapter.layout_name`.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> KeyOnlyAdapter.layout_name(SimpleNamespace())
+            'mha-nhd'
+        """
+        return SplitAdapter.layout_name(native)
 
 
 class IndexKeyAdapter(KeyOnlyAdapter):
