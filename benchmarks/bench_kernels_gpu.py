@@ -51,6 +51,9 @@ import torch
 
 from kvcompat.layouts import (
     DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -79,21 +82,28 @@ LAYOUTS: list[tuple[str, LayoutSpec]] = [
     ("dsa_fp8", DSA_FP8),
     ("mha 8x128 bf16", MHA),
     ("mla 512+64 bf16", MLA),
+    ("dsv4_indexer_fp8", DSV4_INDEXER_FP8),  # also DSA's index-key cache
+    ("dsv4_indexer_fp4", DSV4_INDEXER_FP4),
+    ("dsv4_indexer_fp4_rne", DSV4_INDEXER_FP4_RNE),
 ]
 SWEEP = [(1, 2), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4), (16, 8)]
 SWEEP_CASES = [  # (family, layout, direction); a family's last case picks its setting
+    ("read_fp8", DSV4_INDEXER_FP8, "read"),
     ("read_fp8", V41, "read"),
     ("read_fp8", UNIFORM_FP8, "read"),
     ("read_fp8", DSA_FP8, "read"),
     ("read_fp8", V4, "read"),
+    ("read_fp4", DSV4_INDEXER_FP4, "read"),
     ("read_fp4", V41_FP4, "read"),
     ("gather_rows", MLA, "read"),
     ("gather_rows", MHA, "read"),
+    ("write_fp8", DSV4_INDEXER_FP8, "write"),
     ("write_fp8", V41, "write"),
     ("write_fp8", V41_NEW, "write"),
     ("write_fp8", DSA_FP8, "write"),
     ("write_fp8", V4, "write"),
     ("write_fp4_pairs", V41_FP4, "write"),
+    ("write_fp4_ue8m0", DSV4_INDEXER_FP4, "write"),
     ("write_plain", UNIFORM_FP8, "write"),
     ("scatter_rows", MHA, "write"),
 ]
@@ -166,10 +176,14 @@ def graph_us(fn: Callable[[], object], calls: int = 20) -> float:
 
 
 def volume(spec: LayoutSpec, n: int, direction: str) -> int:
-    """Bytes read + written by one call (rows, scale bytes, values, locations)."""
-    del direction  # a read and a write of the same tokens move the same bytes
+    """Bytes read + written by one call (rows, scale bytes, values, locations).
+
+    Writes take bf16 values; reads return ``spec.output_dtype`` (fp32 for the fp8
+    indexer keys, bf16 or the pool dtype elsewhere).
+    """
     row = spec.data_bytes + spec.scale_bytes_written
-    return n * row + n * spec.dim * 2 + 8 * n  # rows, bf16 values, int64 locations
+    value_bytes = spec.output_dtype.itemsize if direction == "read" else 2
+    return n * row + n * spec.dim * value_bytes + 8 * n  # rows, values, int64 locations
 
 
 def pool(spec: LayoutSpec) -> torch.Tensor:

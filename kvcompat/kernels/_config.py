@@ -24,13 +24,14 @@ __all__ = [
 
 KernelFamily = Literal[
     "gather_rows",  # plain rows read: a word copy
-    "read_fp8",  # e4m3 values with ue8m0 / fp32 / no scales (V4, V41, DSA, UNIFORM_FP8)
-    "read_fp4",  # e2m1 pairs with e4m3 scales (V41_FP4)
+    "read_fp8",  # e4m3 values with ue8m0 / fp32 / no scales (V4, V41, DSA, UNIFORM_FP8, indexer)
+    "read_fp4",  # e2m1 pairs with e4m3 (V41_FP4) or power-of-two (fp4 indexer) scales
     "write_plain",  # a dtype cast per element (MHA, MLA, UNIFORM_FP8)
     "scatter_rows",  # plain rows write in the pool's own dtype: a word copy
-    "write_fp8",  # per-tile scale then e4m3 (V4, V41, DSA)
+    "write_fp8",  # per-tile scale then e4m3 (V4, V41, DSA, fp8 indexer)
     "write_fp4",  # per-tile e4m3 scale then e2m1 (V41_FP4), fp32 values or the interpreter
     "write_fp4_pairs",  # the same from bf16 / fp16 pairs on a GPU (packed comparisons)
+    "write_fp4_ue8m0",  # power-of-two scale per 32, e2m1 by thresholds (DSv4 fp4 indexer)
 ]
 
 
@@ -62,6 +63,7 @@ DEFAULTS: dict[KernelFamily, LaunchSettings] = {
     "write_fp8": LaunchSettings(block_tokens=2, num_warps=2),
     "write_fp4": LaunchSettings(block_tokens=8, num_warps=4),
     "write_fp4_pairs": LaunchSettings(block_tokens=4, num_warps=2),
+    "write_fp4_ue8m0": LaunchSettings(block_tokens=8, num_warps=4),  # not swept yet
 }
 """Per-family defaults: the winners of a sweep at 1M tokens on an H200 (GPU time from CUDA
 graph replay, ``benchmarks/bench_kernels_gpu.py --sweep``; see docs/kernels.md), taken over

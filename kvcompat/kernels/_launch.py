@@ -333,7 +333,7 @@ def quantize_scatter(
         return
     rows = values if values.is_contiguous() else values.contiguous()
     family = launch_family(plan, soft=_soft())
-    if plan.family == "write_fp4" and rows.data_ptr() % 8:
+    if plan.family in ("write_fp4", "write_fp4_ue8m0") and rows.data_ptr() % 8:
         rows = rows.clone()  # the FP4 kernels load value pairs as one word
     settings = launch_settings(family, None if INTERPRETED else n)
     grid = (-(-n // settings.block_tokens),)
@@ -355,6 +355,10 @@ def quantize_scatter(
             )
         elif family == "write_fp4":
             jit._write_fp4_kernel[grid](
+                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+            )
+        elif family == "write_fp4_ue8m0":
+            jit._write_fp4_ue8m0_kernel[grid](
                 rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
             )
         else:

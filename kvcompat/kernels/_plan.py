@@ -26,6 +26,7 @@ __all__ = [
     "cached_geometry",
     "chunk_words",
     "edge_span",
+    "fp4_constants",
     "fp8_constants",
     "geometry",
     "launch_family",
@@ -100,7 +101,9 @@ def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
     ``NQ`` quantized values in ``NT`` tiles of ``TILE`` (``NT_P2`` the next power of two),
     then ``NROPE`` bf16 rotary values stored apart at byte ``ROPE_OFF`` of the data row;
     ``SCALE_KIND`` indexes :data:`~kvcompat.layouts._spec.SCALE_KINDS`; ``SCALE_IN_ROW``
-    is the byte of in-row fp32 scales. None when the layout declares no fp8 kernel.
+    is the byte of in-row fp32 scales. None when the layout declares no fp8 kernel, or
+    when its byte map is not what the declared scale kind reads (e4m3 values, the scales
+    in the kind's row and encoding, one per tile): the twin then serves it.
 
     Example:
         >>> from kvcompat.kernels._plan import fp8_constants
@@ -110,7 +113,7 @@ def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
         (448, 64, 7, 64, 448, 1)
     """
     kernel = spec.kernel
-    if kernel is None or kernel.family != "fp8":
+    if kernel is None or kernel.family != "fp8" or kernel.scales not in _FP8_SCALES:
         return None
     rope = [
         seg
@@ -122,6 +125,8 @@ def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
     tile = kernel.tile or spec.tile_size
     tiles = nq // tile
     in_row = kernel.scales == "fp32_in_row"
+    if tiles * tile != nq or not _fp8_scales_fit(spec, kernel.scales, tiles):
+        return None
     return {
         "NQ": nq,
         "TILE": tile,
@@ -132,6 +137,92 @@ def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
         "NROPE": nrope,
         "ROPE_OFF": rope[0].offset if rope else 0,
     }
+
+
+_FP8_SCALES = SCALE_KINDS[:5]
+"""The scale kinds the fp8 kernels decode (``SCALE_KIND`` 0-4)."""
+
+_FP4_SCALES = {"e4m3": 0, "ue8m0_exp2": 1}
+"""The fp4 kernels' ``SCALE_KIND``: e4m3 scale bytes (V4.1), ``2**(b - 127)`` (indexer)."""
+
+_FP4_ROUNDING = {"threshold": 0, "threshold_even": 1}
+"""The indexer fp4 write kernel's ``RNE`` constant, by the layout's declared rounding."""
+
+
+_FP8_SCALE_SEGMENTS = {
+    "ue8m0_v4": ("scale", Encoding.UE8M0, 1),
+    "ue8m0": ("scale", Encoding.UE8M0, 1),
+    "fp32_in_row": ("data", Encoding.FP32, 4),
+    "fp32": ("scale", Encoding.FP32, 4),
+}
+"""Where each scaled fp8 kind's scales live: (region, encoding, bytes per tile)."""
+
+
+def _fp8_scales_fit(spec: LayoutSpec, kind: str, tiles: int) -> bool:
+    """Whether ``spec``'s byte map is what the fp8 kernels read for scale kind ``kind``.
+
+    e4m3 values, and: no scale segment (``"none"``), or one segment of ``tiles`` scales
+    of the kind's encoding in the kind's row (at the start of the scale row, for the
+    scale-row kinds, and exactly what a writer stores there).
+    """
+    if spec.data_encoding is not Encoding.E4M3FN:
+        return False
+    scales = [seg for seg in spec.segments if seg.role is SegmentRole.SCALE]
+    if kind == "none":
+        return not scales
+    region, encoding, width = _FP8_SCALE_SEGMENTS[kind]
+    if len(scales) != 1:
+        return False
+    (seg,) = scales
+    fits = (seg.region, seg.encoding, seg.elements, seg.nbytes) == (
+        region, encoding, tiles, width * tiles
+    )  # fmt: skip
+    if region == "scale":
+        fits = fits and seg.offset == 0 and spec.scale_bytes_written == seg.nbytes
+    return fits
+
+
+def fp4_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:
+    """The fp4 kernels' constants of ``spec``, derived from its segments and ``spec.kernel``.
+
+    ``NT`` tiles of ``TB`` code bytes (``2 * TB`` values) per token, one scale byte per
+    tile at the start of the scale row, decoded as ``SCALE_KIND`` (0 e4m3, 1
+    ``2**(b - 127)``). None when the layout declares no fp4 kernel or its geometry is not
+    one the kernels take (power-of-two tiles and tile counts, one scale byte per tile).
+
+    Example:
+        >>> from kvcompat.kernels._plan import fp4_constants
+        >>> from kvcompat.layouts import DSV4_INDEXER_FP4, V41_FP4
+        >>> fp4_constants(V41_FP4), fp4_constants(DSV4_INDEXER_FP4)
+        ({'NT': 32, 'TB': 8, 'SCALE_KIND': 0}, {'NT': 4, 'TB': 16, 'SCALE_KIND': 1})
+    """
+    kernel = spec.kernel
+    if kernel is None or kernel.family != "fp4" or kernel.scales not in _FP4_SCALES:
+        return None
+    values = [seg for seg in spec.segments if seg.encoding is Encoding.E2M1X2]
+    scales = [seg for seg in spec.segments if seg.role is SegmentRole.SCALE]
+    tile = spec.tile_size
+    tiles = spec.dim // tile if tile else 0
+    encoding = Encoding.E4M3FN if kernel.scales == "e4m3" else Encoding.UE8M0
+    fits = (
+        len(values) == 1
+        and (values[0].region, values[0].offset, values[0].nbytes) == ("data", 0, spec.dim // 2)
+        and spec.data_bytes == spec.dim // 2
+        and len(scales) == 1
+        and (scales[0].region, scales[0].offset, scales[0].encoding) == ("scale", 0, encoding)
+        and scales[0].elements == tiles == spec.scale_bytes_written
+        and tiles * tile == spec.dim
+        and tile % 2 == 0
+        and _power_of_two(tiles)
+        and _power_of_two(tile // 2)
+    )
+    if not fits:
+        return None
+    return {"NT": tiles, "TB": tile // 2, "SCALE_KIND": _FP4_SCALES[kernel.scales]}
+
+
+def _power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
 
 
 def _kernel_family(spec: LayoutSpec) -> str | None:
@@ -168,17 +259,25 @@ def read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
     return hit[1]
 
 
-def _read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:
+def _read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:  # noqa: PLR0911 - one per refusal
     if fnuz and not spec.supports_fnuz:
         return f"layout {spec.name!r} has no fnuz variant"
     if spec.codec is PLAIN_CODEC:
         return Plan("gather_rows", {"ROW_BYTES": spec.data_bytes})
     if _kernel_family(spec) == "fp4":
-        return Plan("read_fp4")
+        fp4 = fp4_constants(spec)
+        if fp4 is None:
+            return f"no kernel reads layout {spec.name!r}"
+        return Plan("read_fp4", fp4)
     constants = fp8_constants(spec)
     if constants is None:
         return f"no kernel reads layout {spec.name!r}"
-    return Plan("read_fp8", {**constants, "OUT_DIM": spec.dim, "FNUZ": fnuz})
+    out_f32 = spec.output_dtype == torch.float32
+    if not out_f32 and spec.output_dtype != torch.bfloat16:
+        return f"no kernel reads layout {spec.name!r} into {spec.output_dtype}"
+    return Plan(
+        "read_fp8", {**constants, "OUT_DIM": spec.dim, "OUT_F32": out_f32, "FNUZ": fnuz}
+    )
 
 
 def write_plan(spec: LayoutSpec, values_dtype: torch.dtype, *, fnuz: bool) -> Plan | str:
@@ -221,18 +320,40 @@ def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusa
              "IN_BF16": in_bf16},
         )  # fmt: skip
     if _kernel_family(spec) == "fp4":
-        return Plan("write_fp4", {"IN_KIND": VALUE_DTYPES.index(values_dtype)})
+        return _write_fp4_plan(spec, values_dtype)
     constants = fp8_constants(spec)
     if constants is None:
         return f"no kernel writes layout {spec.name!r}"
     kind = int(constants.pop("SCALE_KIND"))
+    if kind == 0:
+        return f"no kernel writes layout {spec.name!r}"  # unscaled: write_plain above
     # MODE 3 is the V4 store of SGLang's ROCm build (e4m3fnuz codes, log2-based scale).
-    mode = 3 if fnuz else {1: 0, 2: 1, 3: 2}[kind]
+    mode = 3 if fnuz else {1: 0, 2: 1, 3: 2, 4: 4}[kind]
     return Plan(
         "write_fp8",
         {**constants, "MODE": mode, "IN_DIM": spec.dim, "IN_BF16": in_bf16,
          "SPAN": edge_span(spec)},
     )  # fmt: skip
+
+
+def _write_fp4_plan(spec: LayoutSpec, values_dtype: torch.dtype) -> Plan | str:
+    """V4.1's e4m3-scaled writer, or the indexer's power-of-two one, as the spec declares."""
+    kernel = spec.kernel
+    constants = fp4_constants(spec)
+    in_kind = VALUE_DTYPES.index(values_dtype)
+    if kernel is None or constants is None:
+        return f"no kernel writes layout {spec.name!r}"
+    if constants["SCALE_KIND"] == 0 and kernel.rounding == "nearest":
+        if (constants["NT"], constants["TB"]) != (32, 8):  # the V4.1 writers' fixed grid
+            return f"no kernel writes layout {spec.name!r} (512 values in tiles of 16 only)"
+        return Plan("write_fp4", {"IN_KIND": in_kind})
+    if constants["SCALE_KIND"] == 1 and kernel.rounding in _FP4_ROUNDING:
+        return Plan(
+            "write_fp4_ue8m0",
+            {"NT": constants["NT"], "TB": constants["TB"], "IN_KIND": in_kind,
+             "RNE": bool(_FP4_ROUNDING[kernel.rounding])},
+        )  # fmt: skip
+    return f"no kernel writes layout {spec.name!r} (scales {kernel.scales!r}, {kernel.rounding!r})"
 
 
 def launch_family(plan: Plan, *, soft: bool) -> KernelFamily:

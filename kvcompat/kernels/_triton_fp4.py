@@ -1,4 +1,8 @@
-"""e2m1 pairs with e4m3 tile scales: read and write (V41_FP4, V41_FP4_NEW)."""
+"""e2m1 pairs with one scale byte per tile: read and write.
+
+V4.1's pages (``V41_FP4``, ``V41_FP4_NEW``: e4m3 scales per 16 values) and the DSv4 fp4
+indexer keys (``DSV4_INDEXER_FP4[_RNE]``: power-of-two scales per 32 values).
+"""
 
 # Triton's conventions, not ours to change here: constexpr parameters are UPPER_CASE
 # (N803), jit functions take untyped tensors and return blocks (ANN001/ANN202), `x != x` is
@@ -37,20 +41,27 @@ def _read_fp4_kernel(
     DATA_STRIDE,
     SCALE_BASE,
     SCALE_STRIDE,
+    NT: tl.constexpr,
+    TB: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
     SOFT: tl.constexpr,
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
-    """Dequantize 512 e2m1 values (32 tiles of 16, e4m3 scales) to bf16.
+    """Dequantize ``NT`` tiles of ``2 * TB`` e2m1 values (one scale byte each) to bf16.
 
-    ``out_ptr`` is the bf16 output ``[n, 512]``, stored as one int32 word per data byte.
+    ``SCALE_KIND``: 0 e4m3 scale bytes (V4.1: 32 tiles of 16), 1 ``2**(b - 127)``, byte 0
+    the fp32 denormal ``2**-127`` and 255 inf (the indexer: 4 tiles of 32). ``out_ptr`` is
+    the bf16 output ``[n, 2 * NT * TB]``, stored as one int32 word per data byte.
     """
     out_ptr = out_ptr.to(tl.pointer_type(tl.int32))
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
         loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
     )
-    tile, mask3, within = _fp4_block(live)
+    tile = tl.arange(0, NT)
+    mask3 = live[:, None, None]
+    within = tile[None, :, None] * TB + tl.arange(0, TB)[None, None, :]
     packed = tl.load(
         buf_u8 + (data_off[:, None, None] + within), mask=mask3, other=0, eviction_policy=EVICT
     )
@@ -60,10 +71,17 @@ def _read_fp4_kernel(
         other=0,
         eviction_policy=EVICT,
     )
-    scale = _decode_e4m3(sc, False, SOFT)[:, :, None]
+    if SCALE_KIND == 1:
+        sbyte = sc.to(tl.int32)
+        sbits = tl.where(sbyte == 0, 0x00400000, sbyte << 23)  # 255 << 23 is +inf
+        scale = sbits.to(tl.float32, bitcast=True)[:, :, None]
+    else:
+        scale = _decode_e4m3(sc, False, SOFT)[:, :, None]
     packed = packed.to(tl.int32)
-    if SOFT:
-        words = tl.zeros((BLOCK_T, 32, 8), tl.int32)
+    if SOFT or SCALE_KIND == 1:
+        # Power-of-two scales keep the product's 1-2 significant bits (down to 2**-128,
+        # a bf16 subnormal), so truncating its fp32 bits is exact too.
+        words = tl.zeros((BLOCK_T, NT, TB), tl.int32)
         for half in tl.static_range(2):
             code = (packed >> (4 * half)) & 0xF
             m = code & 7
@@ -89,7 +107,7 @@ def _read_fp4_kernel(
         lo16 = lo.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         hi16 = hi.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
         words = lo16 | (hi16 << 16)
-    tl.store(out_ptr + (tok[:, None, None] * 256 + within), words, mask=mask3)
+    tl.store(out_ptr + (tok[:, None, None] * (NT * TB) + within), words, mask=mask3)
 
 
 @triton.jit
@@ -323,3 +341,92 @@ def _write_fp4_pairs_kernel(
                                            dtype=tl.int32, is_pure=True, pack=1)  # fmt: skip
     tl.store(buf_u8 + (data_off[:, None, None] + within), packed.to(tl.uint8), mask=mask3)
     tl.store(buf_u8 + (scale_off[:, None] + tile[None, :]), sc, mask=live[:, None])
+
+
+# --------------------------------------- e2m1 pairs, power-of-two scales (fp4 indexer)
+
+
+@triton.jit
+def _e2m1_by_thresholds(y, RNE: tl.constexpr):
+    """e2m1 codes (int32) of fp32 ``y`` counted against the midpoints, as SGLang's indexer.
+
+    ``min(|y|, 6)`` (NaN -> 6) is counted against 0.25, 0.75, 1.25, 1.75, 2.5, 3.5 and 5:
+    strictly above each (``RNE`` false), or at or above each with a value on a midpoint
+    sent back to the even code (``RNE``); the sign bit is set only on a non-zero code of
+    a negative ``y``.
+    """
+    mag = tl.where(y != y, 6.0, tl.minimum(tl.abs(y), 6.0))
+    if RNE:
+        index = (
+            (mag >= 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32)
+            + (mag >= 1.25).to(tl.int32) + (mag >= 1.75).to(tl.int32)
+            + (mag >= 2.5).to(tl.int32) + (mag >= 3.5).to(tl.int32)
+            + (mag >= 5.0).to(tl.int32)
+        )  # fmt: skip
+        tie = (
+            (mag == 0.25) | (mag == 0.75) | (mag == 1.25) | (mag == 1.75)
+            | (mag == 2.5) | (mag == 3.5) | (mag == 5.0)
+        )  # fmt: skip
+        index = tl.where(tie & ((index & 1) == 1), index - 1, index)
+    else:
+        index = (
+            (mag > 0.25).to(tl.int32) + (mag > 0.75).to(tl.int32)
+            + (mag > 1.25).to(tl.int32) + (mag > 1.75).to(tl.int32)
+            + (mag > 2.5).to(tl.int32) + (mag > 3.5).to(tl.int32)
+            + (mag > 5.0).to(tl.int32)
+        )  # fmt: skip
+    return index | tl.where((y < 0) & (index != 0), 8, 0)
+
+
+@triton.jit
+def _write_fp4_ue8m0_kernel(
+    values_ptr,
+    buf_ptr,
+    loc_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+    NT: tl.constexpr,
+    TB: tl.constexpr,
+    IN_KIND: tl.constexpr,
+    RNE: tl.constexpr,
+    EVICT: tl.constexpr,
+    SOFT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Quantize ``[n, 2 * NT * TB]`` rows to e2m1 with one power-of-two scale per tile.
+
+    SGLang's indexer quantizer, per tile of ``2 * TB`` values in fp32: ``e = clamp(ceil of
+    the biased exponent of fmaxf(amax / 6, 1e-4), 1, 254)`` (IEEE ``amax / 6``, NaN
+    dropped from the maximum), scale byte ``e``, and codes of ``x * 2**(127 - e)`` (exactly
+    ``x / 2**(e - 127)``: the multiplier is a power of two, the denormal ``2**-127`` for
+    ``e = 254``) by :func:`_e2m1_by_thresholds`. The values are loaded as (even, odd)
+    pairs, one word each. ``SOFT`` only selects :func:`_peak`'s NaN convention.
+    """
+    words_ptr = _word_ptr(values_ptr, 8 if IN_KIND == 2 else 4)
+    buf_u8 = _word_ptr(buf_ptr, 1)
+    tok, live, data_off, scale_off = _token_block(
+        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
+    )
+    tile = tl.arange(0, NT)
+    mask3 = live[:, None, None]
+    within = tile[None, :, None] * TB + tl.arange(0, TB)[None, None, :]
+    lo, hi = _load_pairs(words_ptr, tok[:, None, None] * (NT * TB) + within, mask3, IN_KIND, EVICT)
+    peak = tl.maximum(_peak(lo, SOFT), _peak(hi, SOFT))
+    quotient = tl.math.div_rn(peak, tl.full((BLOCK_T, NT), 6.0, tl.float32))
+    # fmaxf(amax / 6, 1e-4): an all-NaN tile (peak -1, or NaN on the GPU) gets the floor.
+    quotient = tl.where(peak < 0, 0.0001, tl.maximum(quotient, 0.0001))
+    qbits = quotient.to(tl.int32, bitcast=True)
+    exponent = (qbits >> 23) + ((qbits & 0x7FFFFF) != 0).to(tl.int32)
+    exponent = tl.minimum(tl.maximum(exponent, 1), 254)
+    inverse = tl.where(exponent == 254, 0x00400000, (254 - exponent) << 23)
+    inverse = inverse.to(tl.float32, bitcast=True)[:, :, None]
+    code_lo = _e2m1_by_thresholds(lo * inverse, RNE)
+    code_hi = _e2m1_by_thresholds(hi * inverse, RNE)
+    packed = (code_lo | (code_hi << 4)).to(tl.uint8)
+    tl.store(buf_u8 + (data_off[:, None, None] + within), packed, mask=mask3)
+    sbyte = exponent.to(tl.uint8)
+    tl.store(buf_u8 + (scale_off[:, None] + tile[None, :]), sbyte, mask=live[:, None])

@@ -1,4 +1,4 @@
-"""e4m3 tiles with one scale per tile: read and write (V4, V41, V41_NEW, DSA fp8)."""
+"""e4m3 tiles with one scale per tile: read and write (V4, V41, V41_NEW, DSA fp8, indexer)."""
 
 # Triton's conventions, not ours to change here: constexpr parameters are UPPER_CASE
 # (N803), jit functions take untyped tensors and return blocks (ANN001/ANN202), `x != x` is
@@ -47,6 +47,7 @@ def _read_fp8_kernel(
     NROPE: tl.constexpr,
     ROPE_OFF: tl.constexpr,
     OUT_DIM: tl.constexpr,
+    OUT_F32: tl.constexpr,
     FNUZ: tl.constexpr,
     SOFT: tl.constexpr,
     EVICT: tl.constexpr,
@@ -55,10 +56,15 @@ def _read_fp8_kernel(
     """Dequantize ``NQ`` e4m3 values in ``NT`` tiles of ``TILE`` (+ a bf16 rope) to bf16.
 
     ``SCALE_KIND``: 0 no scale, 1 V4's ue8m0 (byte 0 reads 0), 2 V4.1's ue8m0 (byte 0 is
-    ``2**-127``, 255 NaN), 3 fp32 scales at byte ``SCALE_IN_ROW`` of the data row (DSA).
-    ``out_ptr`` is the bf16 output ``[n, OUT_DIM]``, stored as bits.
+    ``2**-127``, 255 NaN), 3 fp32 scales at byte ``SCALE_IN_ROW`` of the data row (DSA),
+    4 fp32 scales in the scale row (DSv4 indexer).
+    ``out_ptr`` is the bf16 output ``[n, OUT_DIM]``, stored as bits; with ``OUT_F32`` the
+    fp32 output (the products themselves, every NaN as ``0x7FFFFFFF``).
     """
-    out_ptr = out_ptr.to(tl.pointer_type(tl.int16))
+    if OUT_F32:
+        out_ptr = out_ptr.to(tl.pointer_type(tl.int32))
+    else:
+        out_ptr = out_ptr.to(tl.pointer_type(tl.int16))
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
         loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
@@ -102,8 +108,20 @@ def _read_fp8_kernel(
             eviction_policy=EVICT,
         )
         values = values * sbits.to(tl.float32, bitcast=True)[:, :, None]
+    elif SCALE_KIND == 4:
+        sbits = tl.load(
+            _word_ptr(buf_ptr, 4) + (scale_off[:, None] // 4 + tile[None, :]),
+            mask=mask2,
+            other=0,
+            eviction_policy=EVICT,
+        )
+        values = values * sbits.to(tl.float32, bitcast=True)[:, :, None]
     dense = tok[:, None, None] * OUT_DIM + within
-    tl.store(out_ptr + dense, _bf16_bits(values, SOFT), mask=mask3)
+    if OUT_F32:
+        obits = tl.where(values != values, 0x7FFFFFFF, values.to(tl.int32, bitcast=True))
+        tl.store(out_ptr + dense, obits, mask=mask3)
+    else:
+        tl.store(out_ptr + dense, _bf16_bits(values, SOFT), mask=mask3)
     if NROPE > 0:
         tl.store(out_ptr + (tok[:, None] * OUT_DIM + NQ + r[None, :]), rope, mask=live[:, None])
 
@@ -151,6 +169,23 @@ def _dsa_scale(x, peak):
     inverse = tl.math.div_rn(tl.full(peak.shape, 1.0, tl.float32), scale)
     y = x * inverse[:, :, None]
     return scale, tl.where(y != y, 448.0, y)
+
+
+@triton.jit
+def _indexer_scale(x, peak):
+    """The DSv4 indexer's fp32 tile scales ``max(amax, 1e-4) / 448`` and the clipped values.
+
+    As SGLang's CUDA ``fused_store_indexer_cache``: IEEE ``s = fmaxf(1e-4, amax) / 448``
+    and ``inv = 1 / s``, then ``fmaxf(fminf(x * inv, 448), -448)`` (NaN -> +448; an inf
+    amax makes ``inv`` 0 and the inf itself NaN, so +448). ``peak`` is :func:`_peak` of
+    ``x`` (an all-NaN tile's -1 or NaN gives the floor). Returns ``(scale, y)``.
+    """
+    peak = tl.where(peak < 0, 0.0001, tl.maximum(peak, 0.0001))
+    scale = tl.math.div_rn(peak, tl.full(peak.shape, 448.0, tl.float32))
+    inverse = tl.math.div_rn(tl.full(peak.shape, 1.0, tl.float32), scale)
+    y = x * inverse[:, :, None]
+    y = tl.where(y != y, 448.0, tl.minimum(tl.maximum(y, -448.0), 448.0))
+    return scale, y
 
 
 @triton.jit
@@ -206,7 +241,7 @@ def _v4_rocm_scale(x, SOFT: tl.constexpr):
 
 
 @triton.jit
-def _write_fp8_kernel(
+def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     values_ptr,
     buf_ptr,
     loc_ptr,
@@ -236,8 +271,10 @@ def _write_fp8_kernel(
     ``MODE``: 0 V4 (CUDA store: ue8m0 ceil of ``max(amax, 1e-4) / 448``, NaN -> +448),
     1 V4.1 (ue8m0 from amax's bits, floor 114, NaN -> 0x7F), 2 DSA (fp32 scale
     ``amax * fl(1/448)`` stored in the row, NaN -> +448), 3 V4 as SGLang's ROCm store
-    writes it (e4m3fnuz; see :func:`_v4_rocm_scale`). The rope tail (``NROPE``
-    values from column ``NQ``) is stored as bf16 at byte ``ROPE_OFF`` of the data row.
+    writes it (e4m3fnuz; see :func:`_v4_rocm_scale`), 4 the DSv4 indexer (fp32 scale
+    ``max(amax, 1e-4) / 448`` in the scale row; see :func:`_indexer_scale`). The rope
+    tail (``NROPE`` values from column ``NQ``) is stored as bf16 at byte ``ROPE_OFF`` of
+    the data row.
     ``SPAN`` > 0: each token writes ``SPAN`` contiguous bytes from its data offset that
     need not start or end on a 32-byte sector; those edge sectors are prefetched first.
     """
@@ -273,6 +310,8 @@ def _write_fp8_kernel(
         peak = _peak(x, SOFT)
         if MODE == 2:
             scale, y = _dsa_scale(x, peak)
+        elif MODE == 4:
+            scale, y = _indexer_scale(x, peak)
         else:
             exponent, y = _ue8m0_scale(x, peak, MODE == 0)
         codes = _encode_e4m3_sat(y, SOFT)  # V4.1: NaN -> 0x7F; V4 and DSA have no NaN left
@@ -280,6 +319,10 @@ def _write_fp8_kernel(
     if MODE == 2:
         srow = (data_off + SCALE_IN_ROW) // 4
         sbits = scale.to(tl.int32, bitcast=True)
+        tl.store(_word_ptr(buf_ptr, 4) + (srow[:, None] + tile[None, :]), sbits, mask=mask2)
+    elif MODE == 4:
+        sbits = scale.to(tl.int32, bitcast=True)
+        srow = scale_off // 4
         tl.store(_word_ptr(buf_ptr, 4) + (srow[:, None] + tile[None, :]), sbits, mask=mask2)
     else:
         sbyte = exponent.to(tl.uint8)

@@ -146,11 +146,16 @@ class Segment:
         return self.offset + self.nbytes
 
 
-ScaleKind = Literal["none", "ue8m0_v4", "ue8m0", "fp32_in_row"]
-"""How the fp8 kernels decode a layout's scale bytes (see :class:`KernelSpec`)."""
+ScaleKind = Literal["none", "ue8m0_v4", "ue8m0", "fp32_in_row", "fp32", "e4m3", "ue8m0_exp2"]
+"""How the kernels decode (and write) a layout's scale bytes (see :class:`KernelSpec`)."""
 
-SCALE_KINDS: tuple[ScaleKind, ...] = ("none", "ue8m0_v4", "ue8m0", "fp32_in_row")
-"""The scale kinds, in the order of the fp8 kernels' ``SCALE_KIND`` constant."""
+SCALE_KINDS: tuple[ScaleKind, ...] = (
+    "none", "ue8m0_v4", "ue8m0", "fp32_in_row", "fp32", "e4m3", "ue8m0_exp2",
+)  # fmt: skip
+"""The scale kinds, in the order of the kernels' ``SCALE_KIND`` constant (fp8: 0-4)."""
+
+Fp4Rounding = Literal["nearest", "threshold", "threshold_even"]
+"""How the fp4 write kernels turn ``x / s`` into e2m1 codes (see :class:`KernelSpec`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,23 +168,32 @@ class KernelSpec:
 
     Attributes:
         family: ``"fp8"`` (e4m3 values in tiles, an optional bf16 rotary tail) or
-            ``"fp4"`` (DeepSeek-V4.1's e2m1 pages).
-        scales: fp8 only: how the scale bytes decode. ``"none"`` (unscaled: written
-            as plain e4m3 casts), ``"ue8m0_v4"`` (V4: byte 0 reads 0), ``"ue8m0"`` (V4.1:
-            byte 0 is ``2**-127``, 255 is NaN), ``"fp32_in_row"`` (DSA: fp32 scales
-            inside the data row, at the scale segment).
+            ``"fp4"`` (e2m1 codes, two per byte, in tiles with one scale byte each).
+        scales: how the scale bytes decode, and how a write computes them. fp8:
+            ``"none"`` (unscaled: written as plain e4m3 casts), ``"ue8m0_v4"`` (V4: byte
+            0 reads 0), ``"ue8m0"`` (V4.1: byte 0 is ``2**-127``, 255 is NaN),
+            ``"fp32_in_row"`` (DSA: fp32 scales inside the data row, at the scale
+            segment, ``amax * fl(1/448)``), ``"fp32"`` (DSv4 indexer: one fp32 scale per
+            tile in the scale row, ``max(amax, 1e-4) / 448``, read back as fp32). fp4:
+            ``"e4m3"`` (V4.1: e4m3 scale bytes), ``"ue8m0_exp2"`` (DSv4 indexer: byte
+            ``b`` reads ``2**(b - 127)``, 0 is ``2**-127``, 255 is inf).
         tile: fp8 only: the kernels' column tile; None means the layout's
             ``tile_size`` (an unscaled layout may pick any divisor of its width).
+        rounding: fp4 only: how a write turns ``x / s`` into e2m1 codes. ``"nearest"``
+            (``cvt.rn.satfinite``: ties to even, the sign kept on zero), ``"threshold"``
+            (counted strictly above each midpoint, the sign only on a non-zero code: SGLang's
+            indexer quantizer), ``"threshold_even"`` (the same with ties to even).
 
     Example:
         >>> from kvcompat.layouts import V4
         >>> V4.kernel
-        KernelSpec(family='fp8', scales='ue8m0_v4', tile=None)
+        KernelSpec(family='fp8', scales='ue8m0_v4', tile=None, rounding='nearest')
     """
 
     family: Literal["fp8", "fp4"]
     scales: ScaleKind = "none"
     tile: int | None = None
+    rounding: Fp4Rounding = "nearest"
 
 
 class RowCodec(Protocol):

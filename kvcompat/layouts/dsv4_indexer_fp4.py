@@ -36,10 +36,11 @@ from kvcompat.layouts._numerics import (
     biased_exponent_ceil,
     decode_e2m1,
     pack_nibbles,
+    to_bf16,
     unpack_nibbles,
 )
 from kvcompat.layouts._pages import LayoutPage
-from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
+from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["DSV4_INDEXER_FP4", "DSV4_INDEXER_FP4_RNE"]
 
@@ -90,7 +91,8 @@ class _IndexerFp4Codec:
         n = data.shape[0]
         values = decode_e2m1(unpack_nibbles(data)).reshape(n, GROUPS, GROUP)
         factor = torch.exp2(scale.to(torch.float32) - 127.0)
-        return (values * factor.unsqueeze(-1)).reshape(n, DIM).to(torch.bfloat16)
+        # to_bf16: every NaN (0 * inf, scale byte 255) as 0x7FFF, as on the GPU.
+        return to_bf16((values * factor.unsqueeze(-1)).reshape(n, DIM))
 
 
 _SEGMENTS = (
@@ -132,6 +134,9 @@ def _spec(name: str, *, rne: bool) -> LayoutSpec:
         error_bound=_BOUND,
         codec=_IndexerFp4Codec(rne=rne),
         max_error=_max_error,
+        kernel=KernelSpec(
+            "fp4", scales="ue8m0_exp2", rounding="threshold_even" if rne else "threshold"
+        ),
     )
 
 

@@ -26,12 +26,13 @@ import torch
 
 from kvcompat.layouts._numerics import E4M3FN_MAX, amax_ignoring_nan, decode_e4m3
 from kvcompat.layouts._pages import LayoutPage
-from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
+from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["DSV4_INDEXER_FP8"]
 
 DIM = 128
 FLOOR = 1.0e-4
+_CANONICAL_NAN = 0x7FFFFFFF
 
 
 class _IndexerFp8Codec:
@@ -55,7 +56,11 @@ class _IndexerFp8Codec:
         self, spec: LayoutSpec, data: torch.Tensor, scale: torch.Tensor, /, *, fnuz: bool
     ) -> torch.Tensor:
         s = scale.contiguous().view(torch.float32).reshape(-1, 1)
-        return decode_e4m3(data) * s
+        out = decode_e4m3(data) * s
+        # Every NaN as 0x7FFFFFFF, the NaN an NVIDIA GPU's fp32 multiply gives (the CPU's
+        # keeps operand payloads), so reads do not depend on the device.
+        out.view(torch.int32).masked_fill_(torch.isnan(out), _CANONICAL_NAN)
+        return out
 
 
 def _max_error(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -94,6 +99,7 @@ DSV4_INDEXER_FP8 = LayoutSpec(
     error_bound="|x' - x| <= 2**-4 * |x| + 2**-9 * s, s = max(1e-4, amax) / 448 (stored fp32)",
     codec=_IndexerFp8Codec(),
     max_error=_max_error,
+    kernel=KernelSpec("fp8", scales="fp32"),
 )
 """DeepSeek-V4 fp8 indexer keys: 128 e4m3 + one fp32 scale per token, block-split.
 

@@ -115,7 +115,7 @@ def _spec(name: str, *, interleaved: bool) -> LayoutSpec:
         segments=_SEGMENTS,
         error_bound=_BOUND,
         codec=_CODEC,
-        kernel=KernelSpec("fp4"),
+        kernel=KernelSpec("fp4", scales="e4m3"),
     )
 
 

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -66,26 +65,21 @@ def test_doctor_json_shape() -> None:
         assert data["sglang_classes"]
 
 
-def test_doctor_is_fast_and_imports_no_engine() -> None:
+def test_doctor_imports_no_engine() -> None:
+    # Speed is a benchmark's business, not a test's: this checks what doctor loads.
     code = textwrap.dedent(
         """
-        import io, sys, time
-        started = time.perf_counter()
+        import io, sys
         from kvcompat.inspection._cli import run_doctor
         run_doctor(io.StringIO())
-        elapsed = time.perf_counter() - started
-        leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("sglang", "triton"))
-        print(leaked, elapsed)
+        engines = ("sglang", "triton", "vllm", "nixl")
+        print(sorted(m for m in sys.modules if m.split(".")[0] in engines))
         """
     )
-    started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
-    leaked, elapsed = result.stdout.rsplit(" ", 1)
-    assert leaked == "[]"
-    assert float(elapsed) < 5.0
-    assert time.perf_counter() - started < 10.0  # interpreter + torch import included
+    assert result.stdout.strip() == "[]"
 
 
 # -- the AST scan on a synthetic SGLang tree ---------------------------------------------------

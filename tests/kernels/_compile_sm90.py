@@ -1,7 +1,8 @@
 """Compile kvcompat's GPU-only kernel paths for sm_90 without a GPU (run as a script).
 
 The inline PTX of the V41_FP4 pairs writer and the edge-sector prefetch, and the hardware
-paths of the ROCm-flavour V4 kernels, never run under the CPU interpreter, so this script
+paths of the ROCm-flavour V4 kernels and of the indexer-key kernels (fp8 and fp4), never
+run under the CPU interpreter, so this script
 hands those kernels to Triton's own compiler for an H100/H200 target (ptxas ships with
 triton) and fails if any does not assemble. It prints one line per kernel: name, SASS size
 in bytes.
@@ -18,7 +19,14 @@ from triton.compiler import ASTSource
 
 from kvcompat.kernels import _triton as jit
 from kvcompat.kernels._plan import read_plan, write_plan
-from kvcompat.layouts import DSA_FP8, V4, V41_NEW
+from kvcompat.layouts import (
+    DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
+    V4,
+    V41_NEW,
+)
 
 GEOMETRY = ("n", "PAGE", "PAGE_BYTES", "DATA_STRIDE", "SCALE_BASE", "SCALE_STRIDE")
 POINTERS = (0, 1, 2)
@@ -44,7 +52,9 @@ def main() -> int:
         ("write_fp4_pairs fp16", jit._write_fp4_pairs_kernel, "values_ptr", "*fp16",
          {"IN_KIND": 1, **common}),
     ]  # fmt: skip
-    for spec, fnuz in ((V41_NEW, False), (DSA_FP8, False), (V4, False), (V4, True)):
+    for spec, fnuz in (
+        (V41_NEW, False), (DSA_FP8, False), (V4, False), (V4, True), (DSV4_INDEXER_FP8, False)
+    ):  # fmt: skip
         plan = write_plan(spec, torch.bfloat16, fnuz=fnuz)
         assert not isinstance(plan, str)
         name = f"write_fp8 {spec.name} MODE={plan.constants['MODE']} SPAN={plan.constants['SPAN']}"
@@ -55,6 +65,23 @@ def main() -> int:
         assert not isinstance(plan, str)
         cases.append((f"read_fp8 v4 FNUZ={fnuz}", jit._read_fp8_kernel, "out_ptr", "*bf16",
                       {**plan.constants, **common}))  # fmt: skip
+    plan = read_plan(DSV4_INDEXER_FP8, fnuz=False)
+    assert not isinstance(plan, str)
+    cases.append(("read_fp8 dsv4_indexer_fp8 OUT_F32", jit._read_fp8_kernel, "out_ptr", "*fp32",
+                  {**plan.constants, **common}))  # fmt: skip
+    plan = read_plan(DSV4_INDEXER_FP4, fnuz=False)
+    assert not isinstance(plan, str)
+    cases.append(("read_fp4 dsv4_indexer_fp4", jit._read_fp4_kernel, "out_ptr", "*bf16",
+                  {**plan.constants, **common}))  # fmt: skip
+    for spec, dtype, pointer in (
+        (DSV4_INDEXER_FP4, torch.bfloat16, "*bf16"),
+        (DSV4_INDEXER_FP4_RNE, torch.float16, "*fp16"),
+        (DSV4_INDEXER_FP4, torch.float32, "*fp32"),
+    ):
+        plan = write_plan(spec, dtype, fnuz=False)
+        assert not isinstance(plan, str)
+        cases.append((f"write_fp4_ue8m0 {spec.name} {pointer}", jit._write_fp4_ue8m0_kernel,
+                      "values_ptr", pointer, {**plan.constants, **common}))  # fmt: skip
     for name, kernel, first, dtype, constants in cases:
         size = build(kernel, first, dtype, constants, warps=2)
         print(f"{name}: {size} bytes of sm_90 code")

@@ -31,7 +31,8 @@ import math
 import torch
 from _kernel_cases import (
     ALL_LAYOUTS,
-    DSV4_LAYOUTS,
+    INDEXER_LAYOUTS,
+    PAGED_LAYOUTS,
     ROW_LAYOUTS,
     SCALED_LAYOUTS,
     VALUE_DTYPES,
@@ -43,7 +44,9 @@ from _kernel_checks import (
     dsa_scales_any_bits,
     empty_loc,
     every_scale_meets_every_code,
+    fp32_scale_rows_any_bits,
     read_matches_twin,
+    refuses_out_of_range,
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
@@ -56,6 +59,9 @@ from kvcompat import LayoutError, WriteError
 from kvcompat.kernels import _launch
 from kvcompat.layouts import (
     DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -78,7 +84,7 @@ def test_kernels_are_interpreted() -> None:
 
 
 def _cases(page_sizes: tuple[int, ...]) -> list[tuple[object, int]]:
-    cases: list[tuple[object, int]] = [(s, p) for s in DSV4_LAYOUTS for p in page_sizes]
+    cases: list[tuple[object, int]] = [(s, p) for s in PAGED_LAYOUTS for p in page_sizes]
     cases += [(s, 4) for s in ROW_LAYOUTS]
     return cases
 
@@ -109,9 +115,22 @@ def test_non_finite_writes_follow_the_twin(spec: object, dtype: torch.dtype) -> 
     write_matches_twin(spec, 4, dtype, DEVICE, non_finite=True)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("spec", [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW], ids=layout_id)
+@pytest.mark.parametrize(
+    "spec",
+    [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW, DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE],
+    ids=layout_id,
+)
 def test_every_scale_byte_meets_every_code(spec: object) -> None:
     every_scale_meets_every_code(spec, DEVICE)  # type: ignore[arg-type]
+
+
+def test_indexer_fp8_reads_any_fp32_scale() -> None:
+    fp32_scale_rows_any_bits(DSV4_INDEXER_FP8, DEVICE)
+
+
+@pytest.mark.parametrize("spec", INDEXER_LAYOUTS, ids=layout_id)
+def test_out_of_range_writes_are_refused_before_the_kernel(spec: LayoutSpec) -> None:
+    refuses_out_of_range(spec, DEVICE)
 
 
 def test_rocm_store_divides_and_takes_log2_as_torch() -> None:

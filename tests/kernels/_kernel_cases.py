@@ -11,6 +11,9 @@ import torch
 
 from kvcompat.layouts import (
     DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -25,6 +28,8 @@ from kvcompat.layouts import (
 from kvcompat.layouts._spec import Encoding
 
 DSV4_LAYOUTS: tuple[LayoutSpec, ...] = (V4, V41, V41_FP4, UNIFORM_FP8, V41_NEW, V41_FP4_NEW)
+INDEXER_LAYOUTS: tuple[LayoutSpec, ...] = (DSV4_INDEXER_FP8, DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE)
+PAGED_LAYOUTS = DSV4_LAYOUTS + INDEXER_LAYOUTS
 ROW_LAYOUTS: tuple[LayoutSpec, ...] = (
     DSA_FP8,
     dsa_fp8_layout(256, 0),
@@ -40,7 +45,7 @@ ROW_LAYOUTS: tuple[LayoutSpec, ...] = (
     mla_layout(16, 8, torch.float32),
     mla_layout(3, 2, torch.float16),
 )
-ALL_LAYOUTS = DSV4_LAYOUTS + ROW_LAYOUTS
+ALL_LAYOUTS = PAGED_LAYOUTS + ROW_LAYOUTS
 SCALED_LAYOUTS = tuple(spec for spec in ALL_LAYOUTS if spec.scale_encoding is not None)
 VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -105,8 +110,12 @@ def special_values(
     """Random tiles plus zeros, e4m3/e2m1 ties, values below every floor, huge tiles."""
     values = tile_values(spec, max(n, 14), seed=seed)
     tile = min(spec.tile_size, spec.dim)
-    if spec.data_encoding is Encoding.E2M1X2:
+    if spec.data_encoding is Encoding.E2M1X2 and spec.scale_encoding is Encoding.UE8M0:
+        values[11:14] = pow2_e2m1_ties(spec.dim, spec.tile_size, dtype).float()
+    elif spec.data_encoding is Encoding.E2M1X2:
         values[11:14] = e2m1_ties(spec.dim, dtype).float()
+    elif spec.scale_encoding is Encoding.FP32 and spec.scale_bytes:  # the fp8 indexer keys
+        values[11:14] = fp32_scale_edges(spec.dim, dtype).float()
     if spec.supports_fnuz:
         values[11:14, : spec.tile_size * 7] = power_edge_tiles(spec.tile_size)
     values[0, :tile] = 0.0
@@ -150,6 +159,56 @@ def power_edge_tiles(tile: int) -> torch.Tensor:
             rows[r, t, 0] = amax
             rows[r, t, 1:] = amax * fractions
     return rows.reshape(3, 7 * tile)
+
+
+def pow2_e2m1_ties(dim: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """Three ``[dim]`` rows of ``group``-value tiles on e2m1's rounding boundaries, for
+    power-of-two scales (the fp4 indexer keys).
+
+    Each tile's amax is ``6 * 2**k``, so ``amax / 6`` is exactly ``2**k`` and the scale is
+    ``s = 2**k``; the tile holds ``+-m * s`` for every midpoint ``m`` (exact ties of
+    ``x / s``) and every e2m1 magnitude, then (rows 1 and 2) the same values one unit in
+    the last place of ``dtype`` above and below (the amax and the zeros kept).
+    """
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    grid = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0])  # 6 is the amax, kept unperturbed
+    small = torch.tensor([-1 / 16, 1 / 16, -0.1])  # round to zero: no sign bit on code 0
+    tiles, steps = [], []
+    exponents = (-9, -1, 0, 6)
+    for t in range(dim // group):
+        s = 2.0 ** exponents[t % len(exponents)]
+        body = torch.cat([mids, -mids, grid, -grid, small])[: group - 3] * s
+        tile = torch.cat([torch.tensor([6 * s]), body, torch.zeros(group - 1 - body.numel())])
+        tile[-1] = -0.0
+        tiles.append(tile)
+        steps.append(torch.cat([torch.zeros(1), torch.ones(body.numel()),
+                                torch.zeros(group - 1 - body.numel())]))  # fmt: skip
+    row = torch.cat(tiles).to(dtype)
+    bits = row.view(torch.int16 if dtype.itemsize == 2 else torch.int32)
+    step = torch.cat(steps).to(bits.dtype)
+    return torch.stack([row, (bits + step).view(dtype), (bits - step).view(dtype)])
+
+
+def fp32_scale_edges(dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Three ``[dim]`` rows for fp32-scaled e4m3 keys: e4m3 subnormal codes, fp32-subnormal
+    inputs, and values on e4m3 ties at the scale ``448 / 448 = 1``.
+
+    Row 0: amax 448 (scale 1) with the rest from ``2**-12`` to ``2**-5`` (e4m3's subnormal
+    range and its edge). Row 1: tiny inputs (``dtype``'s subnormals; amax below the
+    ``1e-4`` floor). Row 2: amax 448 and the midpoints between neighbouring e4m3 values.
+    """
+    rows = torch.zeros(3, dim)
+    rows[0, 0] = 448.0
+    signs = torch.tensor([1.0, -1.0]).repeat(dim)[: dim - 1]
+    rows[0, 1:] = torch.exp2(torch.linspace(-12.0, -5.0, dim - 1)) * signs
+    tiny = torch.finfo(dtype).tiny
+    rows[1] = torch.linspace(-1.0, 1.0, dim) * tiny
+    grid = torch.arange(0x38, 0x7F, dtype=torch.int64).to(torch.uint8).view(torch.float8_e4m3fn)
+    grid = grid.to(torch.float32)
+    mids = (grid[1:] + grid[:-1]) / 2
+    rows[2, 0] = 448.0
+    rows[2, 1:] = mids.repeat(-(-(dim - 1) // mids.numel()))[: dim - 1]
+    return rows.to(dtype)
 
 
 def e2m1_ties(dim: int, dtype: torch.dtype) -> torch.Tensor:

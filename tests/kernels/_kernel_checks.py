@@ -7,6 +7,9 @@ Each function runs one comparison on ``device`` and asserts byte equality of uin
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from _kernel_cases import (
     as_bytes,
@@ -224,3 +227,63 @@ def rocm_scale_parts(device: str, *, exhaustive: bool) -> None:
         assert not bool(wrong.any()), f"x / 240 differs at {x[wrong][:4].tolist()}"
         wrong = ceil != torch.ceil(torch.log2(x)).to(torch.int32)
         assert not bool(wrong.any()), f"ceil(log2(x)) differs at {x[wrong][:4].tolist()}"
+
+
+_FP32_SPECIAL_WORDS = (
+    0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 1, 0x007FFFFF,
+    0x00800000, 0x3F800000, 0x7F7FFFFF, 0xBF800000,
+)  # fmt: skip
+"""fp32 scale words of every kind: +-0, +-inf, NaNs, subnormals, the extremes, +-1."""
+
+
+def fp32_scale_rows_any_bits(spec: LayoutSpec, device: str, *, page_size: int = 4) -> None:
+    """fp32 scale rows (the fp8 indexer keys) of every kind against every e4m3 code.
+
+    Each special scale word meets all 256 code bytes (two tokens of 128 codes), then
+    random words and codes; reads are compared with the twin byte for byte (NaN included:
+    both give every NaN as ``0x7FFFFFFF``).
+    """
+    specials = torch.tensor(_FP32_SPECIAL_WORDS, dtype=torch.int64)
+    per_word = -(-256 // spec.data_bytes)
+    n = len(specials) * per_word + 200
+    g = torch.Generator().manual_seed(6)
+    data = torch.randint(0, 256, (n, spec.data_bytes), generator=g).to(torch.uint8)
+    codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
+    words = torch.randint(0, 1 << 32, (n,), generator=g, dtype=torch.int64)
+    for i, word in enumerate(specials.tolist()):
+        rows = slice(i * per_word, (i + 1) * per_word)
+        data[rows] = codes.reshape(per_word, spec.data_bytes)
+        words[rows] = word
+    scale = words.to(torch.int32).view(torch.uint8).reshape(n, 4)
+    buf = torch.zeros(-(-n // page_size), spec.page_bytes(page_size), dtype=torch.uint8)
+    loc = torch.randperm(n, generator=g)
+    scatter_rows(spec, buf, loc, page_size, data, scale)
+    buf, loc = buf.to(device), loc.to(device)
+    twin = dequantize(spec, buf, loc, page_size, impl="torch")
+    ours = dequantize(spec, buf, loc, page_size, impl="triton")
+    assert torch.equal(as_bytes(ours), as_bytes(twin))
+    assert bool(torch.isnan(twin).any())
+    assert bool(torch.isinf(twin).any())
+
+
+def refuses_out_of_range(spec: LayoutSpec, device: str, *, page_size: int = 4) -> None:
+    """``check_finite=True`` writes of NaN, inf and (where the layout has one) values
+    beyond its largest storable magnitude raise WriteError before any kernel runs: every
+    byte of the buffer stays as it was."""
+    from kvcompat import WriteError
+    from kvcompat.layouts._validate import value_limits
+
+    buf = make_buffer(spec, page_size, 3, seed=13, device=device)
+    before = buf.clone()
+    loc = torch.tensor([0, 5, 2 * page_size + 1], device=device)
+    values = tile_values(spec, 3, seed=2).to(device)
+    bad = [math.nan, math.inf, -math.inf]
+    limit = min(run[3] for run in value_limits(spec))
+    if limit < float(torch.finfo(torch.float32).max):
+        bad.append(float(torch.nextafter(torch.tensor(limit), torch.tensor(math.inf))))
+    for value in bad:
+        poisoned = values.clone()
+        poisoned[2, 7] = value
+        with pytest.raises(WriteError, match="cannot be stored"):
+            quantize(spec, poisoned, buf, loc, page_size, impl="triton")
+        assert torch.equal(as_bytes(buf), as_bytes(before)), value

@@ -20,6 +20,7 @@ from kvcompat import LayoutError
 from kvcompat.kernels._config import DEFAULTS, OVERRIDES, LaunchSettings, launch_settings
 from kvcompat.kernels._plan import (
     edge_span,
+    fp4_constants,
     fp8_constants,
     launch_family,
     read_plan,
@@ -28,6 +29,9 @@ from kvcompat.kernels._plan import (
 )
 from kvcompat.layouts import (
     DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -44,6 +48,7 @@ from kvcompat.layouts import (
     quantize,
 )
 from kvcompat.layouts._registry import LAYOUTS
+from kvcompat.layouts._spec import KernelSpec
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
@@ -148,6 +153,7 @@ def test_out_on_the_torch_path(impl: str) -> None:
 def test_every_layout_has_kernels() -> None:
     specs = [
         *(V4, V41, V41_FP4_NEW, UNIFORM_FP8, DSA_FP8, dsa_fp8_layout(256, 0)),
+        *(DSV4_INDEXER_FP8, DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE),
         *(mha_layout(2, 8, torch.float8_e4m3fnuz), mla_layout(512, 64, torch.bfloat16)),
     ]
     for spec in specs:
@@ -162,7 +168,8 @@ def test_every_layout_has_kernels() -> None:
         assert write_plan(V4, dtype, fnuz=True).constants["MODE"] == 3  # type: ignore[union-attr]
         assert write_plan(V4, dtype, fnuz=False).constants["MODE"] == 0  # type: ignore[union-attr]
     assert unsupported(V4, write=False, fnuz=True) is None
-    for spec in (V41, DSA_FP8, UNIFORM_FP8, mha_layout(2, 8, torch.bfloat16)):
+    indexer = (DSV4_INDEXER_FP8, DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE)
+    for spec in (V41, DSA_FP8, UNIFORM_FP8, mha_layout(2, 8, torch.bfloat16), *indexer):
         for write in (False, True):
             reason = unsupported(spec, write=write, fnuz=True, values_dtype=torch.bfloat16)
             assert reason == f"layout {spec.name!r} has no fnuz variant"
@@ -194,6 +201,13 @@ def test_kernel_plans_agree_with_their_layout_spec(spec: LayoutSpec) -> None:
     if kernel.family == "fp4":
         assert plan.family == "read_fp4"
         assert spec.data_encoding is Encoding.E2M1X2
+        c = plan.constants
+        assert 2 * c["NT"] * c["TB"] == spec.dim == 2 * spec.data_bytes
+        assert 2 * c["TB"] == spec.tile_size
+        (scale,) = [s for s in spec.segments if s.role is SegmentRole.SCALE]
+        assert (scale.region, scale.offset, scale.elements) == ("scale", 0, c["NT"])
+        expected = {0: Encoding.E4M3FN, 1: Encoding.UE8M0}[int(c["SCALE_KIND"])]
+        assert scale.encoding is expected
         return
     c = plan.constants
     assert plan.family == "read_fp8"
@@ -203,6 +217,7 @@ def test_kernel_plans_agree_with_their_layout_spec(spec: LayoutSpec) -> None:
     assert c["NT_P2"] >= c["NT"] > c["NT_P2"] // 2
     e4m3 = [s for s in spec.segments if s.encoding is Encoding.E4M3FN and s.region == "data"]
     assert sum(s.nbytes for s in e4m3) == c["NQ"]  # one byte per quantized value
+    assert c["OUT_F32"] == (spec.output_dtype == torch.float32)
     if c["NROPE"]:
         rope = next(s for s in spec.segments if s.region == "data" and s.offset == c["ROPE_OFF"])
         assert (rope.role, rope.encoding) == (SegmentRole.ROPE, Encoding.BF16)
@@ -215,6 +230,11 @@ def test_kernel_plans_agree_with_their_layout_spec(spec: LayoutSpec) -> None:
         (scale,) = scales
         assert (scale.region, scale.encoding) == ("data", Encoding.FP32)
         assert (scale.offset, scale.elements) == (c["SCALE_IN_ROW"], c["NT"])
+    elif kernel.scales == "fp32":  # one fp32 word per tile, in the scale row
+        (scale,) = scales
+        assert (scale.region, scale.encoding, scale.offset) == ("scale", Encoding.FP32, 0)
+        assert scale.elements == c["NT"]
+        assert 4 * c["NT"] == spec.scale_bytes_written
     else:  # one ue8m0 byte per tile, in the scale row
         (scale,) = scales
         assert (scale.region, scale.encoding) == ("scale", Encoding.UE8M0)
@@ -230,12 +250,50 @@ def test_kernel_constants_of_the_dsv4_and_dsa_layouts() -> None:
         V41_NEW: (512, 32, 16, 16, 2, 0, 0, 0),
         UNIFORM_FP8: (512, 64, 8, 8, 0, 0, 0, 0),
         DSA_FP8: (512, 128, 4, 4, 3, 512, 64, 528),
+        DSV4_INDEXER_FP8: (128, 128, 1, 1, 4, 0, 0, 0),
     }
     names = ("NQ", "TILE", "NT", "NT_P2", "SCALE_KIND", "SCALE_IN_ROW", "NROPE", "ROPE_OFF")
     for spec, values in expected.items():
         constants = fp8_constants(spec)
         assert constants is not None
         assert tuple(constants[name] for name in names) == values, spec.name
+
+
+def test_kernel_constants_of_the_fp4_layouts() -> None:
+    """The fp4 kernels' tile grids and scale decoding, pinned (derived from the specs)."""
+    assert fp4_constants(V41_FP4) == {"NT": 32, "TB": 8, "SCALE_KIND": 0}
+    assert fp4_constants(V41_FP4_NEW) == {"NT": 32, "TB": 8, "SCALE_KIND": 0}
+    for spec, rne in ((DSV4_INDEXER_FP4, False), (DSV4_INDEXER_FP4_RNE, True)):
+        assert fp4_constants(spec) == {"NT": 4, "TB": 16, "SCALE_KIND": 1}
+        plan = write_plan(spec, torch.float16, fnuz=False)
+        assert not isinstance(plan, str)
+        assert plan.family == "write_fp4_ue8m0"
+        assert plan.constants == {"NT": 4, "TB": 16, "IN_KIND": 1, "RNE": rne}
+        assert launch_family(plan, soft=False) == "write_fp4_ue8m0"
+
+
+@pytest.mark.parametrize(
+    ("spec", "kernel"),
+    [
+        (DSV4_INDEXER_FP4, KernelSpec("fp4", scales="e4m3")),  # its scale bytes are ue8m0
+        (DSV4_INDEXER_FP4, KernelSpec("fp8", scales="ue8m0")),  # its codes are e2m1
+        (DSV4_INDEXER_FP8, KernelSpec("fp8", scales="fp32_in_row")),  # no scale in its row
+        (DSV4_INDEXER_FP8, KernelSpec("fp8", scales="ue8m0_exp2")),  # an fp4 kind
+        (V41, KernelSpec("fp8", scales="fp32")),  # V4.1's scales are bytes, not fp32 words
+        (V41_FP4, KernelSpec("fp4", scales="ue8m0_exp2")),  # e4m3 scale bytes
+    ],
+    ids=lambda value: getattr(value, "name", None) or repr(value),
+)
+def test_a_kernel_declaration_that_does_not_fit_its_layout_is_refused(
+    spec: LayoutSpec, kernel: KernelSpec
+) -> None:
+    """A declaration whose family or scale kind does not match the spec's byte map gets no
+    kernel (the twin serves the call) rather than a kernel that would misread the bytes."""
+    bad = dataclasses.replace(spec, name=f"{spec.name}_mis", kernel=kernel)
+    read = read_plan(bad, fnuz=False)
+    write = write_plan(bad, torch.bfloat16, fnuz=False)
+    assert read == f"no kernel reads layout {bad.name!r}"
+    assert write == f"no kernel writes layout {bad.name!r}"
 
 
 def test_a_layout_without_a_kernel_declaration_falls_back_to_torch() -> None:

@@ -18,7 +18,8 @@ import pytest
 import torch
 from _kernel_cases import (
     ALL_LAYOUTS,
-    DSV4_LAYOUTS,
+    INDEXER_LAYOUTS,
+    PAGED_LAYOUTS,
     ROW_LAYOUTS,
     SCALED_LAYOUTS,
     VALUE_DTYPES,
@@ -31,7 +32,9 @@ from _kernel_checks import (
     dsa_scales_any_bits,
     empty_loc,
     every_scale_meets_every_code,
+    fp32_scale_rows_any_bits,
     read_matches_twin,
+    refuses_out_of_range,
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
@@ -42,6 +45,9 @@ from hypothesis import strategies as st
 
 from kvcompat.layouts import (
     DSA_FP8,
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
     UNIFORM_FP8,
     V4,
     V41,
@@ -73,7 +79,7 @@ def soft(request: pytest.FixtureRequest) -> Iterator[bool]:
 
 
 def _cases(page_sizes: tuple[int, ...]) -> list[tuple[LayoutSpec, int]]:
-    return [(s, p) for s in DSV4_LAYOUTS for p in page_sizes] + [(s, 64) for s in ROW_LAYOUTS]
+    return [(s, p) for s in PAGED_LAYOUTS for p in page_sizes] + [(s, 64) for s in ROW_LAYOUTS]
 
 
 def _ids(case: tuple[LayoutSpec, int]) -> str:
@@ -114,9 +120,22 @@ def test_non_finite_writes_follow_the_twin(
     write_matches_twin(spec, 4, dtype, DEVICE, non_finite=True)
 
 
-@pytest.mark.parametrize("spec", [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW], ids=layout_id)
+@pytest.mark.parametrize(
+    "spec",
+    [V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW, DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE],
+    ids=layout_id,
+)
 def test_every_scale_byte_meets_every_code(spec: LayoutSpec, soft: bool) -> None:
     every_scale_meets_every_code(spec, DEVICE)
+
+
+def test_indexer_fp8_reads_any_fp32_scale(soft: bool) -> None:
+    fp32_scale_rows_any_bits(DSV4_INDEXER_FP8, DEVICE)
+
+
+@pytest.mark.parametrize("spec", INDEXER_LAYOUTS, ids=layout_id)
+def test_out_of_range_writes_are_refused_before_the_kernel(spec: LayoutSpec) -> None:
+    refuses_out_of_range(spec, DEVICE)
 
 
 def test_rocm_store_divides_and_takes_log2_as_torch() -> None:
@@ -216,6 +235,18 @@ def test_auto_takes_the_kernel_on_cuda_and_the_twin_where_none_serves(
     assert calls == []
 
 
+@pytest.mark.parametrize("spec", INDEXER_LAYOUTS, ids=layout_id)
+def test_auto_serves_the_indexer_keys_with_a_kernel(spec: LayoutSpec) -> None:
+    """The indexer layouts declare their kernels: ``impl="auto"`` takes them on CUDA."""
+    from kvcompat.kernels import which_impl
+
+    buf = make_buffer(spec, 64, 2, seed=0, device=DEVICE)
+    for dtype in VALUE_DTYPES:
+        for write in (False, True):
+            choice = which_impl(spec, buf, write=write, values_dtype=dtype)
+            assert (choice.impl, choice.fallback) == ("triton", False), choice
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 @pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
 def test_kernels_launch_on_the_buffers_device(spec: LayoutSpec) -> None:
@@ -228,7 +259,9 @@ def test_kernels_launch_on_the_buffers_device(spec: LayoutSpec) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", [V4, V41_NEW, V41_FP4, DSA_FP8, mha_layout(8, 128, torch.bfloat16)], ids=layout_id
+    "spec",
+    [V4, V41_NEW, V41_FP4, DSA_FP8, mha_layout(8, 128, torch.bfloat16), *INDEXER_LAYOUTS],
+    ids=layout_id,
 )
 def test_cuda_graph_capture_and_replay(spec: LayoutSpec) -> None:
     """Read (with ``out``) and write (``validate=False``) captured once, replayed on new data."""

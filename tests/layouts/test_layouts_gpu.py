@@ -183,7 +183,10 @@ def test_sglang_cuda_store_is_reproduced(
     cache = torch.randint(0, 256, (rows, spec.page_bytes(page_size)), dtype=torch.uint8)
     theirs = run_store(store_harness, tmp_path, name, page_bits, values, loc, cache.clone())
     ours = cache.clone()
-    quantize(spec, values, ours, loc, page_size, check_finite=not non_finite)
+    # special_values holds saturating magnitudes (beyond fp4 tiles' 2688): the default
+    # check refuses those, so SGLang's bytes are compared with what check_finite=False
+    # stores for the same inputs.
+    quantize(spec, values, ours, loc, page_size, check_finite=False)
     assert torch.equal(ours, theirs), int((ours != theirs).sum())
 
 
@@ -202,7 +205,10 @@ def test_sglang_cuda_indexer_store_is_reproduced(
     cache = torch.randint(0, 256, (rows, spec.page_bytes(page_size)), dtype=torch.uint8)
     theirs = run_store(store_harness, tmp_path, spec.name, page_bits, values, loc, cache.clone())
     ours = cache.clone()
-    quantize(spec, values, ours, loc, page_size, check_finite=not non_finite)
+    # special_values holds saturating magnitudes (beyond fp4 tiles' 2688): the default
+    # check refuses those, so SGLang's bytes are compared with what check_finite=False
+    # stores for the same inputs.
+    quantize(spec, values, ours, loc, page_size, check_finite=False)
     assert torch.equal(ours, theirs), int((ours != theirs).sum())
 
 
