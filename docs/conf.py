@@ -37,3 +37,4 @@ autodoc_mock_imports = ["triton"]
 
 write_generated(Path(__file__).resolve().parent / "_generated")
 __import__("_capture_gen").write_capture_table(Path(__file__).resolve().parent / "_generated")
+__import__("_layouts_gen").write_layout_fragments(Path(__file__).resolve().parent / "_generated")

@@ -1,6 +1,8 @@
 """Reading and writing pool values by token index, on top of the layout codecs.
 
-A leaf adapter knows each layer's byte layout (:func:`detect_layouts`); reads
+A leaf adapter declares each layer's byte layout (its ``detect_layout`` hook, built
+from :func:`mha_layer_layout`, :func:`latent_layer_layout` or
+:func:`packed_layer_layout` for SGLang's families); reads
 dequantize rows at token locations into dense ``[n, heads, dim]`` tensors and
 writes quantize dense values into rows, through :mod:`kvcompat.layouts` (the
 torch twin, or a Triton kernel on CUDA). Every write is all-or-nothing: the
@@ -31,11 +33,20 @@ from kvcompat.layouts import (
     mla_layout,
 )
 from kvcompat.layouts._codec import check_impl, quantize_parts
+from kvcompat.layouts._registry import KV_LAYOUT_NAMES
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Impl", "LayerLayout", "detect_layouts", "read_rows", "write_rows"]
+__all__ = [
+    "Impl",
+    "LayerLayout",
+    "latent_layer_layout",
+    "mha_layer_layout",
+    "packed_layer_layout",
+    "read_rows",
+    "write_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -69,61 +80,79 @@ def _shape_error(owner: str, what: str, shape: Sequence[int], hint: str) -> Layo
     return LayoutError(msg)
 
 
-def detect_layouts(
-    kind: str, native: Any, key: torch.Tensor, value: Any, owner: str
+def mha_layer_layout(
+    native: Any, key: torch.Tensor, value: torch.Tensor | None, owner: str
 ) -> LayerLayout:
-    """Work out a layer's layouts from the pool's attributes and its buffers' geometry.
+    """Token-major MHA rows: ``[rows, heads, head_dim]`` keys (and values, when given).
 
-    ``kind`` is the adapter family (``"split"``, ``"key_only"``, ``"latent"``,
-    ``"single_kv"``, ``"index_key"``); ``key``/``value`` are the layer's storage.
+    What :class:`~kvcompat.adapters.SplitAdapter` and
+    :class:`~kvcompat.adapters.KeyOnlyAdapter` declare as their ``detect_layout``;
+    ``value`` is None for a key-only pool.
 
     Example:
         >>> import kvcompat
-        >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
-        >>> pool = kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64))
-        >>> pool.layout(0).key.name
-        'v4'
+        >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+        >>> native = ReferenceMHATokenToKVPool(size=16, page_size=16, layer_num=1)
+        >>> lay = mha_layer_layout(native, native.k_buffer[0], native.v_buffer[0], "demo")
+        >>> lay.key.name, lay.value is not None
+        ('mha_1x128_bf16', True)
     """
     dtype: torch.dtype = native.dtype
-    if kind in ("split", "key_only"):
-        if key.dim() != 3:
+    if key.dim() != 3:
+        raise _shape_error(
+            owner,
+            "the key buffer",
+            key.shape,
+            "only token-major (NHD) MHA buffers [rows, heads, head_dim] can be read; "
+            f"this pool's kv_cache_layout is {getattr(native, 'kv_cache_layout', '?')!r}.",
+        )
+    key_spec = mha_layout(int(key.shape[1]), int(key.shape[2]), dtype)
+    if value is None:
+        return LayerLayout(key_spec)
+    if value.dim() != 3:
+        raise _shape_error(owner, "the value buffer", value.shape, "see the key buffer.")
+    return LayerLayout(key_spec, mha_layout(int(value.shape[1]), int(value.shape[2]), dtype))
+
+
+def latent_layer_layout(native: Any, key: torch.Tensor, owner: str) -> LayerLayout:
+    """One latent row per token (MLA), or DSA's packed fp8 row (``dsa_kv_cache_store_fp8``).
+
+    What :class:`~kvcompat.adapters.LatentAdapter` declares as its ``detect_layout``.
+
+    Example:
+        >>> from kvcompat.testing import ReferenceMLATokenToKVPool
+        >>> native = ReferenceMLATokenToKVPool(size=16, page_size=16, layer_num=1)
+        >>> latent_layer_layout(native, native.kv_buffer[0], "demo").key.name
+        'mla_512+64_bf16'
+    """
+    rank = int(native.kv_lora_rank)
+    if getattr(native, "dsa_kv_cache_store_fp8", False):
+        spec = dsa_fp8_layout(rank, int(native.qk_rope_head_dim))
+        if spec.bytes_per_token != key.shape[-1] * key.element_size():
             raise _shape_error(
                 owner,
-                "the key buffer",
+                "the packed DSA row",
                 key.shape,
-                "only token-major (NHD) MHA buffers [rows, heads, head_dim] can be read; "
-                f"this pool's kv_cache_layout is {getattr(native, 'kv_cache_layout', '?')!r}.",
+                f"expected {spec.bytes_per_token} bytes per token for the DSA fp8 row.",
             )
-        key_spec = mha_layout(int(key.shape[1]), int(key.shape[2]), dtype)
-        value_spec = None
-        if kind == "split":
-            if value.dim() != 3:
-                raise _shape_error(owner, "the value buffer", value.shape, "see the key buffer.")
-            value_spec = mha_layout(int(value.shape[1]), int(value.shape[2]), dtype)
-        return LayerLayout(key_spec, value_spec)
-    if kind == "latent":
-        rank = int(native.kv_lora_rank)
-        if getattr(native, "dsa_kv_cache_store_fp8", False):
-            spec = dsa_fp8_layout(rank, int(native.qk_rope_head_dim))
-            if spec.bytes_per_token != key.shape[-1] * key.element_size():
-                raise _shape_error(
-                    owner,
-                    "the packed DSA row",
-                    key.shape,
-                    f"expected {spec.bytes_per_token} bytes per token for the DSA fp8 row.",
-                )
-            # The value is the first kv_lora_rank *bytes* (e4m3 codes) of the packed row.
-            return LayerLayout(spec, value_dim=rank)
-        width = int(key.shape[-1])
-        return LayerLayout(mla_layout(rank, width - rank, dtype), value_dim=rank)
-    if kind == "single_kv":
-        return LayerLayout(_single_kv_layout(native, key, owner), fnuz=_is_fnuz(dtype))
-    msg = (
-        f"{owner}: kvcompat has no codec for the DeepSeek-V4 indexer-key layout yet; "
-        "its buffer is reachable as raw bytes through get_key_buffer().\n"
-        "Hint: read the index keys with SGLang's own indexer readers for now."
-    )
-    raise LayoutError(msg)
+        # The value is the first kv_lora_rank *bytes* (e4m3 codes) of the packed row.
+        return LayerLayout(spec, value_dim=rank)
+    width = int(key.shape[-1])
+    return LayerLayout(mla_layout(rank, width - rank, native.dtype), value_dim=rank)
+
+
+def packed_layer_layout(native: Any, key: torch.Tensor, owner: str) -> LayerLayout:
+    """DeepSeek-V4 packed pages: the ``KVLayout`` the pool names, checked against its pages.
+
+    What :class:`~kvcompat.adapters.SingleKVAdapter` declares as its ``detect_layout``.
+
+    Example:
+        >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+        >>> native = ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64)
+        >>> packed_layer_layout(native, native.kv_buffer[0], "demo").key.name
+        'v4'
+    """
+    return LayerLayout(_single_kv_layout(native, key, owner), fnuz=_is_fnuz(native.dtype))
 
 
 def _is_fnuz(dtype: torch.dtype) -> bool:
@@ -144,9 +173,7 @@ def _single_kv_layout(native: Any, key: torch.Tensor, owner: str) -> LayoutSpec:
         spec = V4
     if row_bytes != spec.page_bytes(page_size):
         candidates = [
-            name
-            for name in ("v4", "v41", "v41_fp4", "v41_new", "v41_fp4_new", "uniform_fp8")
-            if get_layout(name).page_bytes(page_size) == row_bytes
+            name for name in KV_LAYOUT_NAMES if get_layout(name).page_bytes(page_size) == row_bytes
         ]
         msg = (
             f"{owner}: its pages are {row_bytes} bytes at page_size={page_size}, which does "

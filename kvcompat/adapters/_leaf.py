@@ -14,6 +14,7 @@ buffers are gone (SGLang's ``_clear_buffers()``) the getter raises
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -32,13 +33,22 @@ from kvcompat.adapters._base import AdapterBase, Buffer
 from kvcompat.adapters._io import (
     Impl,
     LayerLayout,
-    detect_layouts,
+    latent_layer_layout,
+    mha_layer_layout,
+    packed_layer_layout,
     plan_write,
     read_rows,
     write_rows,
 )
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
-from kvcompat.layouts import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE, DSV4_INDEXER_FP8
+from kvcompat.layouts import (
+    DSV4_INDEXER_FP4,
+    DSV4_INDEXER_FP4_RNE,
+    DSV4_INDEXER_FP8,
+    LayoutSpec,
+    get_layout,
+)
+from kvcompat.layouts._registry import KV_LAYOUT_NAMES
 
 __all__ = [
     "IndexKeyAdapter",
@@ -52,6 +62,15 @@ __all__ = [
 ]
 
 _NO_COMPONENTS: Mapping[str, KVPoolProtocol] = MappingProxyType({})
+
+
+def _static(native: Any, name: str, default: Any = None) -> Any:
+    """A plain attribute of ``native`` (instance or class), running no property or getter."""
+    try:
+        found = inspect.getattr_static(native, name)
+    except AttributeError:
+        return default
+    return default if isinstance(found, (property, staticmethod, classmethod)) else found
 
 
 def as_logical(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -117,8 +136,6 @@ class LeafAdapter(AdapterBase):
     """Whether the native getters wait on ``layer_transfer_counter``."""
     returns: ClassVar[tuple[str, str]] = ("", "")
     """What ``get_key_buffer`` and ``get_value_buffer`` return, in words (for the docs)."""
-    io_family: ClassVar[str] = ""
-    """Which layout detector applies (see :func:`kvcompat.adapters._io.detect_layouts`)."""
 
     __slots__ = (
         "_component",
@@ -213,7 +230,30 @@ class LeafAdapter(AdapterBase):
             >>> pool.detect_layout(0, pool.get_key_buffer(0), None).value_dim
             512
         """
-        return detect_layouts(self.io_family, self._native, key, value, self._name)
+        msg = (
+            f"{self._name}: {type(self).__name__} declares no byte layout for its buffers, so "
+            "read() and write() have no codec.\n"
+            "Hint: override detect_layout(layer_id, key, value) to return a "
+            "kvcompat.adapters.LayerLayout of kvcompat.layouts specs (docs/extending.md)."
+        )
+        raise LayoutError(msg)
+
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """Public hook: the layout name ``describe`` shows when no layer layout can be had.
+
+        ``describe`` names a pool's layout by its first layer's
+        ``layout(l).key.name``; when the adapter cannot be built (buffers not allocated)
+        or the layer has no codec, it asks this hook instead. Implementations read plain
+        attributes only (``inspect.getattr_static``: no property, no getter runs). The
+        default is None (unknown).
+
+        Example:
+            >>> from kvcompat.adapters import LeafAdapter
+            >>> LeafAdapter.layout_name(object()) is None
+            True
+        """
+        return None
 
     def _buffer_list(self, attr: str) -> Any:
         """The native per-layer list ``attr``, or :class:`~kvcompat.PoolStateError`."""
@@ -764,7 +804,6 @@ class SplitAdapter(LeafAdapter):
     kind = PoolKind.SPLIT
     source_attr = "k_buffer"
     value_attr = "v_buffer"
-    io_family = "split"
     buffers = (
         Buffer("k_buffer", "key"),
         Buffer("v_buffer", "value"),
@@ -782,6 +821,31 @@ class SplitAdapter(LeafAdapter):
         values = self._native.v_buffer
         return as_logical(source[slot], dtype), as_logical(values[slot], dtype)
 
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """Token-major MHA rows for the keys and the values (:func:`mha_layer_layout`).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+            >>> native = ReferenceMHATokenToKVPool(16, 16, head_num=2, head_dim=8, layer_num=1)
+            >>> kvcompat.adapt(native).layout(0).value.name
+            'mha_2x8_bf16'
+        """
+        return mha_layer_layout(self._native, key, value, self._name)
+
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """``"mha-nhd"`` / ``"mha-hnd"``: the pool's ``kv_cache_layout``, for ``describe``.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> SplitAdapter.layout_name(SimpleNamespace(kv_cache_layout="HND"))
+            'mha-HND'
+        """
+        return f"mha-{_static(native, 'kv_cache_layout') or 'nhd'}"
+
 
 class LatentAdapter(LeafAdapter):
     """One latent row per token; V is the first ``kv_lora_rank`` columns (MLA, DSA).
@@ -797,7 +861,6 @@ class LatentAdapter(LeafAdapter):
 
     kind = PoolKind.LATENT
     source_attr = "kv_buffer"
-    io_family = "latent"
     buffers = (
         Buffer("kv_buffer", "latent", rows="token", value_prefix="kv_lora_rank"),
         Buffer("kv_scale_buffer", "key_scales", group="kv_scale"),
@@ -818,6 +881,30 @@ class LatentAdapter(LeafAdapter):
         # Same expressions as SGLang's getters: slice the stored row, then view.
         return as_logical(raw, dtype), as_logical(raw[..., :rank], dtype)
 
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """MLA latent rows, or DSA's packed fp8 rows (:func:`latent_layer_layout`).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceMLATokenToKVPool
+            >>> kvcompat.adapt(ReferenceMLATokenToKVPool(16, 16)).layout(0).value_dim
+            512
+        """
+        return latent_layer_layout(self._native, key, self._name)
+
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """``"dsa-fp8-656"`` for DSA's packed rows, else ``"mla-latent"``, for ``describe``.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> LatentAdapter.layout_name(SimpleNamespace(dsa_kv_cache_store_fp8=True))
+            'dsa-fp8-656'
+        """
+        return "dsa-fp8-656" if _static(native, "dsa_kv_cache_store_fp8") else "mla-latent"
+
 
 class SingleKVAdapter(LeafAdapter):
     """One packed page-major buffer per layer; the value is the key storage (DSv4).
@@ -836,7 +923,6 @@ class SingleKVAdapter(LeafAdapter):
 
     kind = PoolKind.SINGLE_KV
     source_attr = "kv_buffer"
-    io_family = "single_kv"
     buffers = (Buffer("kv_buffer", "packed_kv", rows="page"),)
     native_waits = False
     returns = (
@@ -848,6 +934,44 @@ class SingleKVAdapter(LeafAdapter):
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
         key = as_logical(source[slot], self._native.dtype)
         return key, key
+
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """The ``KVLayout`` the pool names, checked against its pages (:func:`packed_layer_layout`).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+            >>> kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(64, 64)).layout(0).key.name
+            'v4'
+        """
+        return packed_layer_layout(self._native, key, self._name)
+
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """The layout the pool's ``kv_layout`` and ``kv_cache_total_dim`` name, for ``describe``.
+
+        A pool whose bytes per token (``kv_cache_total_dim``) match exactly one
+        ``KVLayout`` value is named by it (SGLang's uniform-fp8 pool keeps
+        ``kv_layout = V4`` over 512-byte rows); otherwise its ``kv_layout``, else ``"v4"``.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> SingleKVAdapter.layout_name(SimpleNamespace(kv_layout="v4", kv_cache_total_dim=512))
+            'uniform_fp8'
+        """
+        named = _static(native, "kv_layout")
+        named = getattr(named, "value", named)  # an enum member: its plain value
+        per_token = _static(native, "kv_cache_total_dim")
+        matching = [
+            name for name in KV_LAYOUT_NAMES if get_layout(name).bytes_per_token == per_token
+        ]
+        if isinstance(named, str) and named.lower() in matching:
+            return named.lower()
+        if len(matching) == 1:
+            return matching[0]
+        return named.lower() if isinstance(named, str) else "v4"
 
 
 class KeyOnlyAdapter(LeafAdapter):
@@ -864,7 +988,6 @@ class KeyOnlyAdapter(LeafAdapter):
 
     kind = PoolKind.KEY_ONLY
     source_attr = "k_buffer"
-    io_family = "key_only"
     buffers: ClassVar[tuple[Buffer, ...]] = (Buffer("k_buffer", "key"),)
     returns = (
         "``k_buffer[slot]`` viewed as the logical dtype",
@@ -874,6 +997,28 @@ class KeyOnlyAdapter(LeafAdapter):
 
     def _build(self, source: Sequence[torch.Tensor], slot: int) -> tuple[torch.Tensor, Any]:
         return as_logical(source[slot], self._native.dtype), None
+
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """Token-major MHA key rows (:func:`mha_layer_layout`).
+
+        Example:
+            >>> KeyOnlyAdapter.detect_layout.__name__
+            'detect_layout'
+        """
+        return mha_layer_layout(self._native, key, None, self._name)
+
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """``"mha-nhd"`` / ``"mha-hnd"``, as :meth:`SplitAdapter.layout_name`.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> KeyOnlyAdapter.layout_name(SimpleNamespace())
+            'mha-nhd'
+        """
+        return SplitAdapter.layout_name(native)
 
 
 class IndexKeyAdapter(KeyOnlyAdapter):
@@ -890,7 +1035,6 @@ class IndexKeyAdapter(KeyOnlyAdapter):
 
     source_attr = "index_k_with_scale_buffer"
     native_waits = False
-    io_family = "index_key"
     buffers = (
         Buffer("index_k_with_scale_buffer", "index_keys", rows="page"),
         Buffer("index_k_payload_buffer", "index_keys", rows="page"),
@@ -917,24 +1061,51 @@ class IndexKeyAdapter(KeyOnlyAdapter):
             >>> IndexKeyAdapter.detect_layout.__name__
             'detect_layout'
         """
-        native = self._native
+        spec = self._indexer_spec(self._native)
+        if spec is None:
+            msg = (
+                f"{self._name}: kvcompat has no codec for the DeepSeek-V4 indexer-key layout "
+                "of a pool whose use_fp4_indexer is None; its buffer is reachable as raw "
+                "bytes through get_key_buffer().\n"
+                "Hint: read the index keys with SGLang's own indexer readers for now."
+            )
+            raise LayoutError(msg)
+        page = int(self._native.page_size)
+        if key.dim() != 2 or key.shape[-1] * key.element_size() != spec.page_bytes(page):
+            msg = (
+                f"{self._name}: its indexer pages are {tuple(key.shape)} at "
+                f"page_size={page}; the {spec.name!r} layout has {spec.page_bytes(page)} "
+                "bytes per page (page_size must be a multiple of 32).\n"
+                "Hint: read the index keys with SGLang's get_index_k_dequant."
+            )
+            raise LayoutError(msg)
+        return LayerLayout(spec)
+
+    @staticmethod
+    def _indexer_spec(native: Any, read: Any = getattr) -> LayoutSpec | None:
+        """fp8, or fp4 (ties to even with ``index_k_rne``); None when the pool says neither.
+
+        ``read(native, name, default)`` is ``getattr`` or a reader that runs no code.
+        """
         # A class without ``use_fp4_indexer`` (SGLang 0.5.12) has only the fp8 indexer: same
-        # P * 132-byte pages; the page-size check below refuses any other geometry.
-        fp4 = getattr(native, "use_fp4_indexer", False)
-        if fp4 is not None:
-            if fp4:
-                rne = getattr(native, "index_k_rne", False)
-                spec = DSV4_INDEXER_FP4_RNE if rne else DSV4_INDEXER_FP4
-            else:
-                spec = DSV4_INDEXER_FP8
-            page = int(native.page_size)
-            if key.dim() != 2 or key.shape[-1] * key.element_size() != spec.page_bytes(page):
-                msg = (
-                    f"{self._name}: its indexer pages are {tuple(key.shape)} at "
-                    f"page_size={page}; the {spec.name!r} layout has {spec.page_bytes(page)} "
-                    "bytes per page (page_size must be a multiple of 32).\n"
-                    "Hint: read the index keys with SGLang's get_index_k_dequant."
-                )
-                raise LayoutError(msg)
-            return LayerLayout(spec)
-        return super().detect_layout(layer_id, key, value)
+        # P * 132-byte pages; the page-size check refuses any other geometry.
+        fp4 = read(native, "use_fp4_indexer", False)
+        if fp4 is None:
+            return None
+        if not fp4:
+            return DSV4_INDEXER_FP8
+        return DSV4_INDEXER_FP4_RNE if read(native, "index_k_rne", False) else DSV4_INDEXER_FP4
+
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """The indexer layout's name; ``"dsv4-indexer-fp4-split"`` for HIP's split buffers.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> IndexKeyAdapter.layout_name(SimpleNamespace(use_fp4_indexer=True))
+            'dsv4_indexer_fp4'
+        """
+        if _static(native, "index_k_with_scale_buffer", ()) is None:
+            return "dsv4-indexer-fp4-split"  # HIP: payload and scales in two buffers
+        spec = cls._indexer_spec(native, _static)
+        return None if spec is None else spec.name

@@ -19,15 +19,7 @@ import torch
 from kvcompat._errors import KVCompatError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, family_of, qualified_name
-from kvcompat.adapters import (
-    Buffer,
-    IndexKeyAdapter,
-    KeyOnlyAdapter,
-    LatentAdapter,
-    LeafAdapter,
-    SingleKVAdapter,
-    SplitAdapter,
-)
+from kvcompat.adapters import Buffer, LeafAdapter
 from kvcompat.inspection._model import (
     PoolManifest,
     Role,
@@ -40,7 +32,6 @@ from kvcompat.inspection._model import (
 from kvcompat.inspection._static import (
     enum_value,
     join_path,
-    mro_names,
     static_attr,
     static_path,
     tensors_in,
@@ -60,8 +51,12 @@ __all__ = [
 # -- layout names ----------------------------------------------------------------------------
 
 
-def _layout_name(native: Any) -> str | None:  # noqa: PLR0911 -- one answer per family
-    """The byte-layout name of a native part: the adapter's ``layout(l).key.name`` when it has one.
+def _layout_name(native: Any) -> str | None:
+    """The byte-layout name of a native part, as its family declares it.
+
+    The adapter's ``layout(l).key.name`` (the layout it reads and writes with) when one
+    can be built and has a codec; else the leaf adapter's ``layout_name`` hook; None
+    for a class no leaf family serves (a composite, an unsupported class).
 
     Example:
         >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool, ReferenceMLATokenToKVPool
@@ -70,36 +65,17 @@ def _layout_name(native: Any) -> str | None:  # noqa: PLR0911 -- one answer per 
         >>> _layout_name(ReferenceMLATokenToKVPool(size=16, page_size=16))
         'mla_512+64_bf16'
     """
-    names = mro_names(type(native))
     family = family_of(native)
     leaf = None if family is None else family.leaf
-    if leaf is not None and not issubclass(leaf, IndexKeyAdapter):
-        # One source of truth: the layout the adapter reads and writes with.
-        try:
-            adapter = leaf(native)
-            if adapter.layer_ids:
-                return adapter.layout(adapter.layer_ids[0]).key.name
-        except KVCompatError:
-            pass  # no codec for this configuration: fall back to a descriptive name
-    if "DeepSeekV4UniformFP8KVPool" in names:
-        return "uniform_fp8"  # its kv_layout attribute still reads V4
-    if leaf is not None and issubclass(leaf, SingleKVAdapter):
-        return str(enum_value(static_attr(native, "kv_layout", None)) or "v4")
-    if leaf is not None and issubclass(leaf, IndexKeyAdapter):
-        if static_attr(native, "index_k_with_scale_buffer", None) is None:
-            return "dsv4-indexer-fp4-split"  # HIP: payload and scales in two buffers
-        fp4 = static_attr(native, "use_fp4_indexer", False)
-        return "dsv4-indexer-fp4" if fp4 else "dsv4-indexer-fp8"
-    if leaf is not None and issubclass(leaf, LatentAdapter):
-        packed = static_attr(native, "dsa_kv_cache_store_fp8", False)
-        return "dsa-fp8-656" if packed else "mla-latent"
-    if leaf is not None and issubclass(leaf, (SplitAdapter, KeyOnlyAdapter)):
-        return f"mha-{static_attr(native, 'kv_cache_layout', None) or 'nhd'}"
-    if "DeepSeekV4UnifiedKVPool" in names:
-        return "dsv4-unified-fp8" if static_attr(native, "fp8", False) else "dsv4-unified-bf16"
-    if "CompressStatePool" in names:
-        return "kv-score-online" if static_attr(native, "online", False) else "kv-score"
-    return None
+    if leaf is None:
+        return None
+    try:
+        adapter = leaf(native)
+        if adapter.layer_ids:
+            return adapter.layout(adapter.layer_ids[0]).key.name
+    except KVCompatError:
+        pass  # no codec for this configuration, or no buffers: the family's own name
+    return leaf.layout_name(native)
 
 
 # -- building blocks ---------------------------------------------------------------------------

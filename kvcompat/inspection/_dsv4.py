@@ -258,7 +258,8 @@ def _state_nodes(
                 layer_ids=tuple(layer for layer, _ in members),
                 page_size=int_or_none(static_attr(first, "page_size", None)),
                 token_capacity=None,
-                layout=_layout_name(first),
+                # A compress-state pool's rows are kv-score states, as its composite keeps them.
+                layout="kv-score-online" if static_attr(first, "online", False) else "kv-score",
                 tensors=tuple(tensors),
                 details=details_of(first),
             )
@@ -324,7 +325,7 @@ def _unified_node(
         layer_ids=tuple(stage),
         page_size=page or None,
         token_capacity=None,
-        layout=_layout_name(unified),
+        layout="dsv4-unified-fp8" if static_attr(unified, "fp8", False) else "dsv4-unified-bf16",
         tensors=tuple(tensors),
         details=details_of(unified),
     )

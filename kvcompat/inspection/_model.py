@@ -307,8 +307,9 @@ class PoolManifest:
             slots for compressed pools; None when the part has no such notion.
         layout: the byte-layout name the adapter reads and writes with
             (``"mha_8x128_bf16"``, ``"mla_512+64_bf16"``, ``"dsa_fp8"``, ``"v4"``,
-            ``"v41"``, ``"uniform_fp8"``; descriptive names such as ``"mha-hnd"`` or
-            ``"dsv4-indexer-fp8"``...), or None.
+            ``"v41"``, ``"uniform_fp8"``, ``"dsv4_indexer_fp8"``; descriptive names such
+            as ``"mha-hnd"`` or ``"dsv4-unified-bf16"`` for parts without a codec, from
+            the leaf adapter's ``layout_name`` hook or the family's describer), or None.
         tensors: the part's own tensors.
         children: the parts this part owns.
         details: further plain facts read from the native object (dtypes,

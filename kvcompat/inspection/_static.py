@@ -24,7 +24,6 @@ __all__ = [
     "enum_value",
     "find_attr_path",
     "join_path",
-    "mro_names",
     "static_attr",
     "static_path",
     "tensors_in",
@@ -124,16 +123,6 @@ def enum_value(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return vars_of(value).get("_value_", value.name)
     return value
-
-
-def mro_names(cls: type) -> tuple[str, ...]:
-    """The bare class names along ``cls.__mro__``.
-
-    Example:
-        >>> mro_names(bool)
-        ('bool', 'int', 'object')
-    """
-    return tuple(base.__name__ for base in cls.__mro__)
 
 
 def join_path(prefix: str, name: str) -> str:

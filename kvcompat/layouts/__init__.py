@@ -1,6 +1,8 @@
 """KV-cache byte layouts: immutable specs and their pure-torch codecs ("torch twins").
 
-One module per byte layout holds its :class:`LayoutSpec` and row codec: DeepSeek-V4's
+One module per byte layout holds its :class:`LayoutSpec` and row codec; every spec a
+layout module exports is a package attribute by discovery (``kvcompat.layouts.V4``, and
+``get_layout("v4")``): DeepSeek-V4's
 packed page layouts (``V4``, ``V41``, ``V41_FP4``, ``UNIFORM_FP8``, ``V41_NEW``,
 ``V41_FP4_NEW``) and indexer keys (``DSV4_INDEXER_FP8/FP4``), SGLang's token-major
 MHA and MLA rows (:func:`mha_layout`, :func:`mla_layout`) and DSA's 656-byte fp8 rows
@@ -27,30 +29,15 @@ Example:
 from __future__ import annotations
 
 from kvcompat.layouts._codec import dequantize, quantize
+from kvcompat.layouts._registry import EXPORTS as _EXPORTS
 from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
 from kvcompat.layouts._validate import check_read, check_write
-from kvcompat.layouts.dsa_fp8 import DSA_FP8, dsa_fp8_layout
-from kvcompat.layouts.dsv4_indexer_fp4 import DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE
-from kvcompat.layouts.dsv4_indexer_fp8 import DSV4_INDEXER_FP8
-from kvcompat.layouts.dsv4_uniform_fp8 import UNIFORM_FP8
-from kvcompat.layouts.dsv4_v4 import V4
-from kvcompat.layouts.dsv4_v41 import V41, V41_NEW
-from kvcompat.layouts.dsv4_v41_fp4 import V41_FP4, V41_FP4_NEW
+from kvcompat.layouts.dsa_fp8 import dsa_fp8_layout
 from kvcompat.layouts.mha import mha_layout
 from kvcompat.layouts.mla import mla_layout
 
 __all__ = [
-    "DSA_FP8",
-    "DSV4_INDEXER_FP4",
-    "DSV4_INDEXER_FP4_RNE",
-    "DSV4_INDEXER_FP8",
-    "UNIFORM_FP8",
-    "V4",
-    "V41",
-    "V41_FP4",
-    "V41_FP4_NEW",
-    "V41_NEW",
     "Encoding",
     "LayoutSpec",
     "Segment",
@@ -64,3 +51,24 @@ __all__ = [
     "mla_layout",
     "quantize",
 ]
+# The named layouts are discovered (every LayoutSpec a layout module exports): a new
+# layout module adds its names without an edit here. The factories above are imported
+# by name (a test checks that every layout module's factory is).
+__all__ += sorted(_EXPORTS)  # noqa: PLE0605 -- names from the registry; pinned by a test
+
+
+def __getattr__(name: str) -> LayoutSpec:
+    """A named layout, from the registry (``kvcompat.layouts.V4``); typed for mypy.
+
+    Raises:
+        AttributeError: no layout module exports ``name``.
+    """
+    spec = _EXPORTS.get(name)
+    if spec is None:
+        msg = f"module 'kvcompat.layouts' has no attribute {name!r}"
+        raise AttributeError(msg)
+    return spec
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,4 +1,9 @@
-"""Name -> layout lookup; accepts SGLang's ``KVLayout`` enum without importing sglang."""
+"""The layout registry: every public module of :mod:`kvcompat.layouts`, discovered.
+
+Name -> layout lookup (accepting SGLang's ``KVLayout`` enum without importing sglang),
+the package's exported layout names, and the documentation pages the modules declare.
+A new layout module is registered by existing: nothing here lists layouts by hand.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,20 @@ from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING
 
 from kvcompat._errors import LayoutError
+from kvcompat.layouts._pages import LayoutPage
 from kvcompat.layouts._spec import LayoutSpec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["KV_LAYOUT_NAMES", "LAYOUTS", "get_layout"]
+__all__ = [
+    "EXPORTS",
+    "KV_LAYOUT_NAMES",
+    "LAYOUTS",
+    "LAYOUT_FACTORIES",
+    "LAYOUT_PAGES",
+    "get_layout",
+]
 
 
 def _layout_modules() -> list[ModuleType]:
@@ -29,31 +42,56 @@ def _layout_modules() -> list[ModuleType]:
     ]
 
 
-def _discover() -> tuple[dict[str, LayoutSpec], tuple[str, ...]]:
-    """The named specs each layout module exports (``__all__``), and SGLang's enum values.
+class _Found:
+    """What the discovery collects from the layout modules."""
 
-    A module whose ``SGLANG_KV_LAYOUT`` is true holds values of SGLang's DeepSeek-V4
-    ``KVLayout`` enum (what a ``DeepSeekV4SingleKVPool``'s ``kv_layout`` selects).
+    def __init__(self) -> None:
+        self.specs: dict[str, LayoutSpec] = {}
+        self.exports: dict[str, LayoutSpec] = {}
+        self.factories: dict[str, object] = {}
+        self.kv_layouts: list[str] = []
+        self.pages: list[LayoutPage] = []
+
+
+def _discover() -> _Found:
+    """What every layout module exports and declares.
+
+    The named specs a module exports (``__all__``), its factories of parametrised
+    layouts, SGLang's enum values and the declared docs pages. A module whose
+    ``SGLANG_KV_LAYOUT`` is true holds values of SGLang's DeepSeek-V4 ``KVLayout`` enum
+    (what a ``DeepSeekV4SingleKVPool``'s ``kv_layout`` selects). A module's ``PAGES`` (a
+    tuple of :class:`~kvcompat.layouts._pages.LayoutPage`) are its docs pages; without
+    it each named spec gets the default page.
     """
-    found: dict[str, LayoutSpec] = {}
-    kv_layouts: list[str] = []
+    found = _Found()
     for module in _layout_modules():
+        named: list[LayoutSpec] = []
         for export in getattr(module, "__all__", ()):
             spec = getattr(module, export)
             if not isinstance(spec, LayoutSpec):
-                continue  # a factory of parametrised layouts (mha_layout, ...)
-            if spec.name in found:
-                msg = f"two layout modules name a layout {spec.name!r} ({module.__name__})"
+                found.factories[export] = spec  # a factory of parametrised layouts (mha_layout)
+                continue
+            if spec.name in found.specs or export in found.exports:
+                msg = (
+                    f"two layout modules name a layout {spec.name!r} or export {export!r} "
+                    f"({module.__name__})"
+                )
                 raise LayoutError(msg)
-            found[spec.name] = spec
+            found.specs[spec.name] = spec
+            found.exports[export] = spec
+            named.append(spec)
             if getattr(module, "SGLANG_KV_LAYOUT", False):
-                kv_layouts.append(spec.name)
-    return found, tuple(kv_layouts)
+                found.kv_layouts.append(spec.name)
+        pages = getattr(module, "PAGES", None)
+        if pages is None:
+            pages = tuple(LayoutPage(spec.name, spec) for spec in named)
+        found.pages.extend(pages)
+    return found
 
 
-_FOUND, _KV_LAYOUTS = _discover()
+_FOUND = _discover()
 
-LAYOUTS: Mapping[str, LayoutSpec] = MappingProxyType(_FOUND)
+LAYOUTS: Mapping[str, LayoutSpec] = MappingProxyType(_FOUND.specs)
 """The named layouts, by name: every :class:`LayoutSpec` a module of
 :mod:`kvcompat.layouts` exports (SGLang's ``KVLayout`` values, ``"dsa_fp8"`` and the
 DeepSeek-V4 indexer-key layouts). A new layout module is registered by existing.
@@ -64,7 +102,38 @@ Example:
     528
 """
 
-KV_LAYOUT_NAMES: tuple[str, ...] = _KV_LAYOUTS
+EXPORTS: Mapping[str, LayoutSpec] = MappingProxyType(_FOUND.exports)
+"""The named layouts by the Python name their module exports (``"V4"``,
+``"DSV4_INDEXER_FP8"``...): :mod:`kvcompat.layouts` serves each of them as a package
+attribute.
+
+Example:
+    >>> from kvcompat.layouts._registry import EXPORTS
+    >>> EXPORTS["V41_FP4"].name
+    'v41_fp4'
+"""
+
+LAYOUT_FACTORIES: Mapping[str, object] = MappingProxyType(_FOUND.factories)
+"""The other public names of the layout modules: factories of parametrised layouts
+(``mha_layout``, ``mla_layout``, ``dsa_fp8_layout``), which the package imports by name.
+
+Example:
+    >>> from kvcompat.layouts._registry import LAYOUT_FACTORIES
+    >>> sorted(LAYOUT_FACTORIES)
+    ['dsa_fp8_layout', 'mha_layout', 'mla_layout']
+"""
+
+LAYOUT_PAGES: tuple[LayoutPage, ...] = tuple(_FOUND.pages)
+"""The documentation pages the layout modules declare (``docs/layouts/<stem>.md``):
+the page pictures and the docs' layouts table are generated from them.
+
+Example:
+    >>> from kvcompat.layouts._registry import LAYOUT_PAGES
+    >>> [(p.stem, p.picture_page_size) for p in LAYOUT_PAGES][:3]
+    [('dsa_fp8', 4), ('dsv4_indexer_fp4', 16), ('dsv4_indexer_fp8', 32)]
+"""
+
+KV_LAYOUT_NAMES: tuple[str, ...] = tuple(_FOUND.kv_layouts)
 """The names that are values of SGLang's DeepSeek-V4 ``KVLayout`` enum (the layouts a
 ``DeepSeekV4SingleKVPool`` selects with ``kv_layout``); ``kvcompat.testing.KVLayout``
 is checked against it.

@@ -168,40 +168,17 @@ def _legend_order(label: str) -> tuple[int, str]:
 def documented_pictures() -> dict[str, tuple[LayoutSpec, int]]:
     """The pictures the docs embed: file stem -> (spec, page size).
 
+    One per page the layout modules declare (``LAYOUT_PAGES``, discovered from
+    :mod:`kvcompat.layouts`): a new layout module's picture needs no list here.
+
     Example:
         >>> from kvcompat.layouts._svg import documented_pictures
         >>> sorted(documented_pictures())[:3]
         ['dsa_fp8', 'dsv4_indexer_fp4', 'dsv4_indexer_fp8']
     """
-    import torch  # noqa: PLC0415 -- keeps this module importable without side effects
+    from kvcompat.layouts._registry import LAYOUT_PAGES  # noqa: PLC0415 -- imports every layout
 
-    from kvcompat.layouts import (  # noqa: PLC0415 -- the package imports this module
-        DSA_FP8,
-        DSV4_INDEXER_FP4,
-        DSV4_INDEXER_FP8,
-        UNIFORM_FP8,
-        V4,
-        V41,
-        V41_FP4,
-        V41_FP4_NEW,
-        V41_NEW,
-        mha_layout,
-        mla_layout,
-    )
-
-    return {
-        "v4": (V4, 4),
-        "v41": (V41, 4),
-        "v41_fp4": (V41_FP4, 4),
-        "uniform_fp8": (UNIFORM_FP8, 4),
-        "v41_new": (V41_NEW, 4),
-        "v41_fp4_new": (V41_FP4_NEW, 4),
-        "dsa_fp8": (DSA_FP8, 4),
-        "dsv4_indexer_fp8": (DSV4_INDEXER_FP8, 32),
-        "dsv4_indexer_fp4": (DSV4_INDEXER_FP4, 16),
-        "mha": (mha_layout(2, 16, torch.bfloat16), 4),
-        "mla": (mla_layout(512, 64, torch.bfloat16), 4),
-    }
+    return {page.stem: (page.spec, page.picture_page_size) for page in LAYOUT_PAGES}
 
 
 def write_pictures(folder: Path) -> list[Path]:

@@ -39,6 +39,7 @@ from kvcompat.layouts._numerics import (
     to_bf16,
     unpack_nibbles,
 )
+from kvcompat.layouts._pages import LayoutPage
 from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["DSV4_INDEXER_FP4", "DSV4_INDEXER_FP4_RNE"]
@@ -168,3 +169,14 @@ Example:
     >>> codes  # threshold: not above 0.75 -> 0.5 (code 1); ties to even -> 1.0 (code 2)
     [1, 2]
 """
+
+# One page for both roundings (the bytes are the same); the picture shows a 16-token page.
+PAGES = (
+    LayoutPage(
+        "dsv4_indexer_fp4",
+        DSV4_INDEXER_FP4,
+        16,
+        note="fp4 indexer keys",
+        also=(DSV4_INDEXER_FP4_RNE,),
+    ),
+)

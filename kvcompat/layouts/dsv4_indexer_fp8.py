@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from kvcompat.layouts._numerics import E4M3FN_MAX, amax_ignoring_nan, decode_e4m3
+from kvcompat.layouts._pages import LayoutPage
 from kvcompat.layouts._spec import Encoding, KernelSpec, LayoutSpec, Segment, SegmentRole
 
 __all__ = ["DSV4_INDEXER_FP8"]
@@ -112,3 +113,6 @@ Example:
     >>> dequantize(DSV4_INDEXER_FP8, buf, torch.tensor([2]), 64)[0, :2]
     tensor([448., 448.])
 """
+
+# SGLang's indexer pages hold a multiple of 32 tokens: the picture shows the smallest.
+PAGES = (LayoutPage("dsv4_indexer_fp8", DSV4_INDEXER_FP8, 32, note="fp8 indexer keys"),)

@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from kvcompat.layouts._pages import LayoutPage
 from kvcompat.layouts._plain import plain_encoding, plain_row_spec, row_size
 from kvcompat.layouts._spec import LayoutSpec, Segment, SegmentRole
 
@@ -65,3 +66,15 @@ def mha_layout(head_num: int, head_dim: int, dtype: torch.dtype) -> LayoutSpec:
             Segment("values", SegmentRole.DATA, "data", 0, dim * encoding.bits // 8, encoding, dim),
         ),
     )
+
+
+# A parametrised layout: the page pictures one example and states the row in symbols.
+PAGES = (
+    LayoutPage(
+        "mha",
+        mha_layout(2, 16, torch.bfloat16),
+        title="MHA rows",
+        note="`mha_layout(H, D, dtype)`",
+        cells=("`H*D*size`", "the pool dtype", "none", "row", "row", "token-major"),
+    ),
+)

@@ -16,6 +16,7 @@ import functools
 
 import torch
 
+from kvcompat.layouts._pages import LayoutPage
 from kvcompat.layouts._plain import plain_encoding, plain_row_spec, row_size
 from kvcompat.layouts._spec import LayoutSpec, Segment, SegmentRole
 
@@ -66,3 +67,15 @@ def mla_layout(kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype) -> 
         rope_dim=rope,
         segments=tuple(segments),
     )
+
+
+# A parametrised layout: the page pictures one example and states the row in symbols.
+PAGES = (
+    LayoutPage(
+        "mla",
+        mla_layout(512, 64, torch.bfloat16),
+        title="MLA rows",
+        note="`mla_layout(r, rope, dtype)`",
+        cells=("`(r+rope)*size`", "the pool dtype", "none", "row", "row", "token-major"),
+    ),
+)

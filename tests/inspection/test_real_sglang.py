@@ -300,7 +300,7 @@ def test_dsv4_manifest_covers_every_part() -> None:
     assert parts["swa"].path == "swa_kv_pool"
     assert parts["c4"].path == "kv_pools[4]"
     assert parts["c4_indexer"].path == "index_pools[4]"
-    assert parts["c4_indexer"].layout == "dsv4-indexer-fp8"
+    assert parts["c4_indexer"].layout == "dsv4_indexer_fp8"
     assert parts["c4"].details["compress_ratio"] == 4
     assert parts["c128_state"].role is Role.COMPRESS_STATE
     assert parts["c128_state"].details["request_scoped"] is True
@@ -324,7 +324,7 @@ def test_dsv4_low_ratio_layers_share_their_source_buffer() -> None:
     assert entry.layer_ids == (1, 2)  # layer 2 reads the buffer layer 1 writes
     assert entry.layer_id == 1
     assert c1.layout == "v41_fp4"
-    assert manifest.find("c1_indexer").layout == "dsv4-indexer-fp4"
+    assert manifest.find("c1_indexer").layout == "dsv4_indexer_fp4_rne"  # index_k_rne
     adapter = kvcompat.adapt(native)
     assert dict(adapter.components["c1"].storage_slots) == {1: 0, 2: 0}
     request = transfer_descriptors(native, group="request_state")

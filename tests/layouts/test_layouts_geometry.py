@@ -31,6 +31,7 @@ from kvcompat.layouts import (
     mla_layout,
 )
 from kvcompat.layouts._addressing import gather_rows, token_views
+from kvcompat.layouts._registry import EXPORTS, LAYOUT_FACTORIES, LAYOUTS
 
 # sglang-pools.md §2.1 and §2.2, verbatim.
 SPEC_TABLE = {
@@ -247,17 +248,8 @@ def test_row_layout_factories() -> None:
 
 # ------------------------------------------------------------------------ public surface
 
-EXPECTED_ALL = [
-    "DSA_FP8",
-    "DSV4_INDEXER_FP4",
-    "DSV4_INDEXER_FP4_RNE",
-    "DSV4_INDEXER_FP8",
-    "UNIFORM_FP8",
-    "V4",
-    "V41",
-    "V41_FP4",
-    "V41_FP4_NEW",
-    "V41_NEW",
+# The package API, by hand; the named layouts come from the registry (discovered).
+EXPECTED_API = [
     "Encoding",
     "LayoutSpec",
     "Segment",
@@ -271,13 +263,30 @@ EXPECTED_ALL = [
     "mla_layout",
     "quantize",
 ]
+EXPECTED_ALL = EXPECTED_API + sorted(EXPORTS)
 
 
 def test_all_is_pinned() -> None:
     assert layouts.__all__ == EXPECTED_ALL
-    public = {name for name in vars(layouts) if not name.startswith("_")}
+    assert {"V4", "DSA_FP8", "DSV4_INDEXER_FP8"} <= set(EXPORTS)  # discovery finds them
+    public = {name for name in dir(layouts) if not name.startswith("_")}
     modules = {info.name for info in pkgutil.iter_modules(layouts.__path__)}
     assert public - modules - {"annotations"} == set(EXPECTED_ALL)
+
+
+def test_named_layouts_are_package_attributes_by_discovery() -> None:
+    for export, spec in EXPORTS.items():
+        assert getattr(layouts, export) is spec
+        assert LAYOUTS[spec.name] is spec
+    with pytest.raises(AttributeError, match="no attribute 'V5'"):
+        _ = layouts.V5
+
+
+def test_every_layout_factory_is_a_package_attribute() -> None:
+    """Factories of parametrised layouts are imported by name (typed functions)."""
+    for name, factory in LAYOUT_FACTORIES.items():
+        assert getattr(layouts, name) is factory
+        assert name in EXPECTED_API
 
 
 def test_public_objects_have_examples() -> None:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _oracle.sglang_oracles import CHECKS
+from _oracle import CHECKS
 
 pytestmark = [pytest.mark.sglang, pytest.mark.interpret, pytest.mark.slow]
 
