@@ -63,7 +63,7 @@ DEFAULTS: dict[KernelFamily, LaunchSettings] = {
     "write_fp8": LaunchSettings(block_tokens=2, num_warps=2),
     "write_fp4": LaunchSettings(block_tokens=8, num_warps=4),
     "write_fp4_pairs": LaunchSettings(block_tokens=4, num_warps=2),
-    "write_fp4_ue8m0": LaunchSettings(block_tokens=8, num_warps=4),  # not swept yet
+    "write_fp4_ue8m0": LaunchSettings(block_tokens=8, num_warps=4),
 }
 """Per-family defaults: the winners of a sweep at 1M tokens on an H200 (GPU time from CUDA
 graph replay, ``benchmarks/bench_kernels_gpu.py --sweep``; see docs/kernels.md), taken over
@@ -80,12 +80,16 @@ least this many programs (about eight per SM on an H200): a few hundred programs
 tokens each leave most of the GPU idle while each waits on its loads."""
 
 
-def launch_settings(family: KernelFamily, tokens: int | None = None) -> LaunchSettings:
+def launch_settings(
+    family: KernelFamily, tokens: int | None = None, declared: tuple[int, int] | None = None
+) -> LaunchSettings:
     """The launch settings of ``family`` for a batch of ``tokens`` tokens.
 
-    An override if one is set, else the default; with ``tokens`` given, the tokens per
-    program are halved while the launch would have fewer than :data:`MIN_PROGRAMS`
-    programs (a function of the batch shape only, so CUDA-graph capture is unaffected).
+    An override if one is set, else what the layout ``declared`` (``(tokens per
+    program, warps)`` from its ``KernelSpec``), else the family's default; with ``tokens``
+    given, the tokens per program are halved while the launch would have fewer than
+    :data:`MIN_PROGRAMS` programs (a function of the batch shape only, so CUDA-graph
+    capture is unaffected).
 
     Example:
         >>> from kvcompat.kernels._config import OVERRIDES, LaunchSettings, launch_settings
@@ -93,8 +97,12 @@ def launch_settings(family: KernelFamily, tokens: int | None = None) -> LaunchSe
         >>> launch_settings("read_fp4").num_warps, launch_settings("read_fp4", 4096).block_tokens
         (8, 4)
         >>> del OVERRIDES["read_fp4"]
+        >>> launch_settings("write_fp8", declared=(8, 4))  # DSV4_INDEXER_FP8's 132-byte rows
+        LaunchSettings(block_tokens=8, num_warps=4, evict_first=False)
     """
-    settings = OVERRIDES.get(family) or DEFAULTS[family]
+    settings = OVERRIDES.get(family)
+    if settings is None:
+        settings = DEFAULTS[family] if declared is None else LaunchSettings(*declared)
     if tokens is None:
         return settings
     block = settings.block_tokens

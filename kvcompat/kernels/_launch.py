@@ -245,7 +245,7 @@ def gather_dequantize(
         raise LayoutError(msg)
     if n == 0:
         return out
-    settings = launch_settings(plan.family, None if INTERPRETED else n)
+    settings = launch_settings(plan.family, None if INTERPRETED else n, plan.launch)
     grid = (-(-n // settings.block_tokens),)
     if plan.family == "read_fp4":
         _check_aligned("out", out, 4)
@@ -335,7 +335,7 @@ def quantize_scatter(
     family = launch_family(plan, soft=_soft())
     if plan.family in ("write_fp4", "write_fp4_ue8m0") and rows.data_ptr() % 8:
         rows = rows.clone()  # the FP4 kernels load value pairs as one word
-    settings = launch_settings(family, None if INTERPRETED else n)
+    settings = launch_settings(family, None if INTERPRETED else n, plan.launch)
     grid = (-(-n // settings.block_tokens),)
     with _on_device(buf):
         if plan.family == "scatter_rows":

@@ -56,6 +56,8 @@ class Plan:
 
     family: KernelFamily
     constants: dict[str, int | bool] = field(default_factory=dict)
+    launch: tuple[int, int] | None = None
+    """``(tokens per program, warps)`` the layout declares (``KernelSpec``), else None."""
 
 
 def geometry(spec: LayoutSpec, page_size: int) -> dict[str, int]:
@@ -225,6 +227,12 @@ def _power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
+def _declared_launch(spec: LayoutSpec, *, write: bool) -> tuple[int, int] | None:
+    if spec.kernel is None:
+        return None
+    return spec.kernel.write_launch if write else spec.kernel.read_launch
+
+
 def _kernel_family(spec: LayoutSpec) -> str | None:
     return None if spec.kernel is None else spec.kernel.family
 
@@ -268,7 +276,7 @@ def _read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:  # noqa: PLR0911 
         fp4 = fp4_constants(spec)
         if fp4 is None:
             return f"no kernel reads layout {spec.name!r}"
-        return Plan("read_fp4", fp4)
+        return Plan("read_fp4", fp4, _declared_launch(spec, write=False))
     constants = fp8_constants(spec)
     if constants is None:
         return f"no kernel reads layout {spec.name!r}"
@@ -276,7 +284,9 @@ def _read_plan(spec: LayoutSpec, *, fnuz: bool) -> Plan | str:  # noqa: PLR0911 
     if not out_f32 and spec.output_dtype != torch.bfloat16:
         return f"no kernel reads layout {spec.name!r} into {spec.output_dtype}"
     return Plan(
-        "read_fp8", {**constants, "OUT_DIM": spec.dim, "OUT_F32": out_f32, "FNUZ": fnuz}
+        "read_fp8",
+        {**constants, "OUT_DIM": spec.dim, "OUT_F32": out_f32, "FNUZ": fnuz},
+        _declared_launch(spec, write=False),
     )
 
 
@@ -333,6 +343,7 @@ def _write_plan(  # noqa: PLR0911 - one return per kernel family, one per refusa
         "write_fp8",
         {**constants, "MODE": mode, "IN_DIM": spec.dim, "IN_BF16": in_bf16,
          "SPAN": edge_span(spec)},
+        _declared_launch(spec, write=True),
     )  # fmt: skip
 
 
@@ -352,6 +363,7 @@ def _write_fp4_plan(spec: LayoutSpec, values_dtype: torch.dtype) -> Plan | str:
             "write_fp4_ue8m0",
             {"NT": constants["NT"], "TB": constants["TB"], "IN_KIND": in_kind,
              "RNE": bool(_FP4_ROUNDING[kernel.rounding])},
+            _declared_launch(spec, write=True),
         )  # fmt: skip
     return f"no kernel writes layout {spec.name!r} (scales {kernel.scales!r}, {kernel.rounding!r})"
 

@@ -183,17 +183,25 @@ class KernelSpec:
             (``cvt.rn.satfinite``: ties to even, the sign kept on zero), ``"threshold"``
             (counted strictly above each midpoint, the sign only on a non-zero code: SGLang's
             indexer quantizer), ``"threshold_even"`` (the same with ties to even).
+        read_launch, write_launch: ``(tokens per program, warps)`` for this layout's
+            read / write launches, where a sweep (``benchmarks/bench_kernels_gpu.py
+            --sweep``) found the kernel family's default slow for this layout's row
+            width; None takes the family's default (``kvcompat.kernels._config``).
 
     Example:
-        >>> from kvcompat.layouts import V4
-        >>> V4.kernel
-        KernelSpec(family='fp8', scales='ue8m0_v4', tile=None, rounding='nearest')
+        >>> from kvcompat.layouts import DSV4_INDEXER_FP8, V4
+        >>> V4.kernel.family, V4.kernel.scales, V4.kernel.read_launch
+        ('fp8', 'ue8m0_v4', None)
+        >>> DSV4_INDEXER_FP8.kernel.read_launch, DSV4_INDEXER_FP8.kernel.write_launch
+        ((4, 2), (8, 4))
     """
 
     family: Literal["fp8", "fp4"]
     scales: ScaleKind = "none"
     tile: int | None = None
     rounding: Fp4Rounding = "nearest"
+    read_launch: tuple[int, int] | None = None
+    write_launch: tuple[int, int] | None = None
 
 
 class RowCodec(Protocol):

@@ -340,3 +340,27 @@ def test_launch_settings_live_in_one_helper() -> None:
     for settings in DEFAULTS.values():
         assert settings.block_tokens & (settings.block_tokens - 1) == 0
         assert settings.num_warps in (1, 2, 4, 8, 16)
+
+
+def test_a_layout_declares_its_launch_settings() -> None:
+    """The fp8 indexer keys' 132-byte rows declare what the H200 sweep picked for them;
+    every other layout keeps its family's defaults, and a sweep's override wins."""
+    read, write = (
+        read_plan(DSV4_INDEXER_FP8, fnuz=False),
+        write_plan(DSV4_INDEXER_FP8, torch.bfloat16, fnuz=False),
+    )
+    assert not isinstance(read, str)
+    assert not isinstance(write, str)
+    assert (read.family, read.launch) == ("read_fp8", (4, 2))
+    assert (write.family, write.launch) == ("write_fp8", (8, 4))
+    v4 = write_plan(V4, torch.bfloat16, fnuz=False)
+    assert not isinstance(v4, str)
+    assert v4.launch is None
+    assert launch_settings("write_fp8", None, write.launch) == LaunchSettings(8, 4)
+    assert launch_settings("write_fp8", None, v4.launch) == DEFAULTS["write_fp8"]
+    assert launch_settings("write_fp8", 4096, write.launch).block_tokens == 4  # small batch
+    OVERRIDES["write_fp8"] = LaunchSettings(16, 8)
+    try:
+        assert launch_settings("write_fp8", None, write.launch) == LaunchSettings(16, 8)
+    finally:
+        del OVERRIDES["write_fp8"]

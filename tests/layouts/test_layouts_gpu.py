@@ -247,9 +247,14 @@ def test_sglang_triton_readers_are_reproduced(spec: LayoutSpec) -> None:
     if spec is V4:
         theirs = dq.dequantize_k_cache_paged_dsv4(buf.cuda(), loc.cuda(), page_size)
     else:
-        theirs = dq.dequantize_k_cache_paged_v41(
-            buf.cuda(), loc.cuda(), page_size, layout=spec.name
-        )
+        try:
+            theirs = dq.dequantize_k_cache_paged_v41(
+                buf.cuda(), loc.cuda(), page_size, layout=spec.name
+            )
+        except RuntimeError as exc:  # SGLang's own capability check (SM100+ or gfx950)
+            if "requires" not in str(exc):
+                raise
+            pytest.skip(f"SGLang's reader refuses this GPU: {exc}")
     assert torch.equal(bits(ours), bits(theirs.reshape(n, 512).cpu()))
 
 
