@@ -1,4 +1,9 @@
-"""``request_pages`` against SGLang 0.5.23's own PD index functions, on its DeepSeek-V4 pool."""
+"""``request_pages`` against SGLang's own PD index functions, on its DeepSeek-V4 pools.
+
+Runs under every release of the matrix (``tests/release_matrix.py``): each comparison uses
+the function the installed release's PD path calls, found by what the release has, and a
+release without one skips that part by capability.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,12 @@ from typing import Any
 
 import pytest
 import torch
+from _sglang.features import require
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transfer._helpers import host_bytes, randomise, run_locally
 
 from kvcompat.transfer import Request, plan_transfer, pool_spec, request_pages
-
-from ._helpers import host_bytes, randomise, run_locally
 
 pytestmark = [
     pytest.mark.sglang,
@@ -36,22 +41,42 @@ def dsv4() -> object:
 @pytest.mark.parametrize(("slot", "seq_len"), [(0, 300), (2, 256), (3, 129), (1, 1), (6, 511)])
 def test_request_pages_match_sglangs_prefill_sender(dsv4: object, slot: int, seq_len: int) -> None:
     common = importlib.import_module("sglang.srt.mem_cache.common")
-    state = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_compress_state")
     page = 256
-    kv_locs = torch.arange(page, page + seq_len)  # starts on page 1
+    kv_pages = min(b.length // b.item_length for b in pool_spec(dsv4).buffers if b.group == "kv")
+    first = page if kv_pages >= 3 else 0  # start on page 1 where every kv component has room
+    kv_locs = torch.arange(first, first + seq_len)  # (0.5.12-0.5.20 size c4 at 2 pages here)
     window = max(0, seq_len - 128) // page * page  # page-aligned window start
     swa_locs = torch.arange(window, seq_len)
     ours = request_pages(dsv4, Request(kv_locs, swa_locs=swa_locs, req_pool_idx=slot))
     assert ours["kv"] == tuple(common.kv_to_page_indices(kv_locs, page).tolist())
     assert ours["state"] == tuple(common.kv_to_page_indices(swa_locs, page).tolist())
-    native = dsv4.request_state_transfer_indices(slot, seq_len)  # type: ignore[attr-defined]
-    assert ours["request_state"] == tuple(native.tolist())
-    c128 = next(p for p in dsv4.compress_state_pools if p is not None and p.request_scoped)  # type: ignore[attr-defined]
-    expected = state.request_scoped_state_transfer_indices(
-        slot, seq_len, ratio=c128.ratio, online=c128.online, ring_size=c128.ring_size
-    )
-    assert ours["request_state"] == tuple(expected.tolist())
     plan_transfer(dsv4, dsv4, pages=ours)  # every id is in range for every component
+    if "request_state" not in {b.group for b in pool_spec(dsv4).buffers}:
+        assert "request_state" not in ours  # 0.5.12-0.5.14: c128 state moves as a layer state
+        return
+    assert ours["request_state"] == _native_request_state(dsv4, slot, seq_len)
+
+
+def _native_request_state(pool: Any, slot: int, seq_len: int) -> tuple[int, ...]:
+    """The request-state rows SGLang's own PD path sends for this request."""
+    if hasattr(pool, "request_state_transfer_indices"):  # 0.5.23: the pool says, and so does
+        native = pool.request_state_transfer_indices(slot, seq_len)  # its state module
+        state = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_compress_state")
+        c128 = next(p for p in pool.compress_state_pools if p is not None and p.request_scoped)
+        expected = state.request_scoped_state_transfer_indices(
+            slot, seq_len, ratio=c128.ratio, online=c128.online, ring_size=c128.ring_size
+        )
+        assert native.tolist() == expected.tolist()
+        return tuple(native.tolist())
+    utils = importlib.import_module("sglang.srt.disaggregation.utils")
+    require(hasattr(utils, "get_dsv4_c128_state_indices"), "a DSv4 c128-state PD transfer")
+    # 0.5.15-0.5.20: the decode side's c128 payload (ring size from the pool, as it asks).
+    c128 = next(p for p in pool.compress_state_pools if p is not None and p.ratio == 128)
+    ring_size = 1 if c128.online else pool.get_ring_size(128)
+    native = utils.get_dsv4_c128_state_indices(
+        slot, seq_len, online=c128.online, ring_size=ring_size
+    )
+    return tuple(native.tolist())
 
 
 def test_spec_of_the_composite_names_every_component(dsv4: object) -> None:
@@ -59,12 +84,19 @@ def test_spec_of_the_composite_names_every_component(dsv4: object) -> None:
     by_group: dict[str, set[str]] = {}
     for buf in spec.buffers:
         by_group.setdefault(buf.group, set()).add(buf.component)
-    assert by_group == {
+    expected = {
         "kv": {"c4", "c4_indexer", "c128"},
         "state": {"swa", "c4_state", "c4_indexer_state"},
         "request_state": {"c128_state"},
     }
-    assert spec.components["c128_state"].details["request_scoped"] is True
+    if not hasattr(dsv4, "get_request_state_buf_infos") and not hasattr(
+        dsv4, "get_c128_state_buf_infos"
+    ):  # 0.5.12-0.5.14: the c128 compress state is not sent per request; it is a layer state
+        expected["state"].add("c128_state")
+        del expected["request_state"]
+    assert by_group == expected
+    if "request_scoped" in spec.components["c128_state"].details:  # 0.5.23's own flag
+        assert spec.components["c128_state"].details["request_scoped"] is True
 
 
 # -- unified_kv: the sliding window in per-request ring rows --------------------------------
@@ -125,8 +157,12 @@ def _regions(pool: Any) -> dict[tuple[str, str], torch.Tensor]:
 def _build_unified() -> Any:
     """SGLang's DeepSeekV4TokenToKVPool in ``unified_kv`` mode (HIP-only in SGLang: the
     gate is forced on to build it on the CPU)."""
-    import sglang.srt.layers.attention.dsv4.unified_kv_gate as gate
     from _sglang.builders import build_dsv4_token_pool
+
+    try:
+        gate = importlib.import_module("sglang.srt.layers.attention.dsv4.unified_kv_gate")
+    except ModuleNotFoundError:
+        require(False, "DeepSeek-V4 unified_kv pools (unified_kv_gate)")
 
     original = gate.is_unified_kv_triton
     gate.is_unified_kv_triton = lambda: True
