@@ -21,6 +21,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Sequence
 
+from kvcompat._scan._probes import MHA_ONLY_ATTRIBUTES, ProbeIndex
 from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, RULES, Finding, make_message
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
 
@@ -103,10 +104,9 @@ _MLX = "mlx"
 # module that imports one of them, and no class those rules break on, is that
 # family's backend or model: those accesses in it are not findings.
 _METHODS_WORK = frozenset({"KVC001", "KVC002", "KVC003"})
-# Attributes only SGLang's MHATokenToKVPool (and its subclasses) defines, in 0.5.23:
-# code that has read one of them off a receiver, unguarded, holds an MHA pool, which
-# has k_buffer and v_buffer (TRT-LLM's native-FP4 helper reads the scales first).
-_MHA_ONLY_ATTRIBUTES = frozenset({"native_k_scale_buffer", "native_v_scale_buffer"})
+# Code that has read an MHA-only attribute (_probes.MHA_ONLY_ATTRIBUTES) off a receiver,
+# unguarded, holds an MHA pool, which has k_buffer and v_buffer (TRT-LLM's native-FP4
+# helper reads the scales first).
 _FAMILY_POOLS: dict[str, frozenset[str]] = {
     "QSATokenToKVPool": _METHODS_WORK | {"KVC006"},
     "MiniMaxSparseKVPool": _METHODS_WORK | {"KVC006"},
@@ -539,6 +539,9 @@ class _Ctx:
     # _key()s that a later statement of the block checks and leaves on failure
     # (``self.pool = p`` then ``if not isinstance(self.pool, C): raise``).
     checked_later: frozenset[str] = frozenset()
+    # (_key(), code) pairs: a test this code runs under named the receiver's class, and
+    # that class's access for the code works (_probes: flags computed in __init__ too).
+    known: frozenset[tuple[str, str]] = frozenset()
     function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | None = None
 
 
@@ -646,6 +649,8 @@ class _Walker:
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {
             stmt.name: stmt for stmt in tree.body if isinstance(stmt, _FUNCTIONS)
         }
+        self.probes = ProbeIndex(tree)
+        self.class_nodes = {id(info): node for node, info in binder.classes.items()}
         stack: list[tuple[ast.AST, _Ctx]] = []
         self._push_block(stack, tree.body, _Ctx(scope=binder.scopes[tree], cls=None))
         while stack:
@@ -681,6 +686,16 @@ class _Walker:
 
     def _branches(self, test: ast.expr, ctx: _Ctx) -> tuple[_Ctx, _Ctx]:
         """The contexts of the true and the false branch of a test."""
+        if_true, if_false = self._detector_branches(test, ctx)
+        cls = self.class_nodes.get(id(ctx.cls)) if ctx.cls is not None else None
+        known = self.probes.when_true(test, ctx.function, cls)
+        if known:
+            pairs = frozenset((key, code) for key, codes in known.items() for code in codes)
+            if_true = dataclasses.replace(if_true, known=if_true.known | pairs)
+        return if_true, if_false
+
+    def _detector_branches(self, test: ast.expr, ctx: _Ctx) -> tuple[_Ctx, _Ctx]:
+        """The contexts of both branches, as receiver checks and detectors set them."""
         checked = frozenset(
             _key(subject)
             for node in ast.walk(test)
@@ -705,12 +720,16 @@ class _Walker:
             return self._branches(stmt.test, ctx)[0]
         return ctx
 
-    def _protected(self, code: str, receiver: ast.expr, ctx: _Ctx) -> bool:
+    def _protected(  # noqa: PLR0911 -- one return per kind of protection
+        self, code: str, receiver: ast.expr, ctx: _Ctx
+    ) -> bool:
         if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
             return True
         if code in self.family_rules:
             return True
         if ctx.checked and any(_key(prefix) in ctx.checked for prefix in _prefixes(receiver)):
+            return True
+        if ctx.known and any((_key(prefix), code) in ctx.known for prefix in _prefixes(receiver)):
             return True
         if self._own(receiver, ctx) or _HOST_WORD in self.source.segment(receiver).lower():
             return True
@@ -1011,7 +1030,7 @@ class _Walker:
             for inner in ast.walk(always):
                 if (
                     isinstance(inner, ast.Attribute)
-                    and inner.attr in _MHA_ONLY_ATTRIBUTES
+                    and inner.attr in MHA_ONLY_ATTRIBUTES
                     and _key(inner.value) == wanted
                 ):
                     return True

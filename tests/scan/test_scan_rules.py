@@ -734,3 +734,158 @@ def test_a_read_of_an_mha_only_attribute_fixes_the_class() -> None:
         return pool.k_buffer[layer]
     """
     assert codes(source) == ["KVC004", "KVC004"]
+
+
+# -- positive class probes: a true test that names the pool's class ----------
+
+_VEC5D_BACKEND = """
+class Backend:
+    def __init__(self, model_runner):
+        def _is_vec5d(pool):
+            if isinstance(pool, SWAKVPool):
+                return getattr(pool.full_kv_pool, "kv_cache_layout", "nhd") == "vectorized_5d"
+            return getattr(pool, "kv_cache_layout", "nhd") == "vectorized_5d"
+
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.vec5d = _is_vec5d(model_runner.token_to_kv_pool)
+
+    def forward(self, layer, loc, k, v):
+        if self.vec5d:
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+            keys = self.token_to_kv_pool.k_buffer[layer.layer_id]
+        else:
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+        return keys
+"""
+
+
+def test_a_flag_computed_from_a_class_probe_guards_its_true_branch() -> None:
+    # The flag is true on an SWAKVPool (whose methods work but which has no k_buffer)
+    # or on a pool with kv_cache_layout (MHA only): set_kv_buffer is safe under it,
+    # k_buffer is not, and the else branch learns nothing.
+    found = scan_source(textwrap.dedent(_VEC5D_BACKEND))
+    assert [(f.code, f.line) for f in found] == [("KVC004", 15), ("KVC003", 17)]
+
+
+@pytest.mark.parametrize(
+    ("test", "expected"),
+    [
+        ('getattr(pool, "kv_cache_layout", "nhd") == "vectorized_5d"', []),
+        ('pool.kv_cache_layout == "hnd"', []),
+        ('getattr(pool, "kv_cache_layout", "nhd") == "nhd"', ["KVC003"]),  # true on a default
+        ('getattr(pool, "kv_cache_layout", "nhd") != "vectorized_5d"', ["KVC003"]),
+        ('getattr(pool, "page_layout", "nhd") == "vectorized_5d"', ["KVC003"]),  # not MHA-only
+        ('getattr(other, "kv_cache_layout", "nhd") == "vectorized_5d"', ["KVC003"]),
+        ("isinstance(pool, MHATokenToKVPool) and ready", []),
+        ('pool.kv_cache_layout == "hnd" or ready', ["KVC003"]),  # ready alone: unknown
+        ("ready and is_mha(pool)", []),  # a module function's truthy return
+        ("is_mha_or_none(pool)", []),  # its None/False returns are never true
+        ("is_anything(pool)", ["KVC003"]),
+    ],
+)
+def test_a_probe_guards_only_its_true_branch(test: str, expected: list[str]) -> None:
+    source = f"""
+    def is_mha(p):
+        return isinstance(p, MHATokenToKVPool)
+
+    def is_mha_or_none(p):
+        if p is None:
+            return False
+        if isinstance(p, MHATokenToKVPool):
+            return p
+        return None
+
+    def is_anything(p):
+        return p is not None
+
+    def write(pool, other, ready, layer, loc, k, v):
+        if {test}:
+            pool.set_kv_buffer(layer, loc, k, v)
+    """
+    assert codes(source) == expected
+
+
+def test_swa_pools_are_safe_for_methods_only() -> None:
+    source = """
+    class Backend:
+        def __init__(self, runner):
+            self.pool = runner.token_to_kv_pool
+            self.swa = self._resolve(runner)
+
+        @staticmethod
+        def _resolve(runner):
+            active = runner.token_to_kv_pool
+            return active if isinstance(active, SWAKVPool) else None
+
+        def forward(self, layer):
+            if self.swa:
+                return self.pool.get_kv_buffer(layer), self.pool.v_buffer[layer]
+    """
+    assert codes(source) == ["KVC004"]
+
+
+def test_a_flag_tells_nothing_when_one_assignment_is_not_a_probe() -> None:
+    source = """
+    class Backend:
+        def __init__(self, runner):
+            self.pool = runner.token_to_kv_pool
+            self.mha = runner.token_to_kv_pool.kv_cache_layout == "nhd"
+
+        def reset(self, enabled):
+            self.mha = enabled
+
+        def forward(self, layer):
+            if self.mha:
+                return self.pool.get_value_buffer(layer)
+    """
+    assert codes(source) == ["KVC001"]
+
+
+def test_a_flag_of_itself_and_deep_helpers_terminate() -> None:
+    source = """
+    def a(p):
+        return b(p)
+
+    def b(p):
+        return a(p)
+
+    class Backend:
+        def __init__(self, runner):
+            self.pool = runner.pool
+            self.flag = self.flag and a(runner.pool)
+
+        def forward(self, layer):
+            if self.flag:
+                return self.pool.get_value_buffer(layer)
+    """
+    assert codes(source) == ["KVC001"]
+
+
+def test_a_probe_of_another_methods_parameter_says_nothing_about_self() -> None:
+    # __init__ stores its `pool` parameter in self.pool; forward's own `pool` parameter
+    # is another object, and a flag's knowledge about __init__'s `runner` does not
+    # carry to forward's `runner`.
+    source = """
+    class Backend:
+        def __init__(self, pool, runner):
+            self.pool = pool
+            self.mha = runner.token_to_kv_pool.kv_cache_layout == "nhd"
+
+        def forward(self, pool, runner, layer):
+            if pool.kv_cache_layout == "nhd":
+                self.pool.get_value_buffer(layer)
+            if self.mha:
+                runner.token_to_kv_pool.get_value_buffer(layer)
+
+    class Rebinds:
+        def __init__(self, runner):
+            self.mha = runner.token_to_kv_pool.kv_cache_layout == "nhd"
+
+        def bind(self, runner):
+            self.pool = runner.token_to_kv_pool  # another method's runner
+
+        def forward(self, layer):
+            if self.mha:
+                self.pool.get_value_buffer(layer)
+    """
+    assert codes(source) == ["KVC001", "KVC001", "KVC001"]

@@ -1,0 +1,444 @@
+"""What a truthy test tells about a pool's class: direct probes and flags a class computes.
+
+A backend often asks once, in ``__init__``, what its pool is, and keeps the answer::
+
+    def _pool_is_vec5d(pool):
+        if isinstance(pool, SWAKVPool):
+            return getattr(pool.full_kv_pool, "kv_cache_layout", "nhd") == "vectorized_5d"
+        return getattr(pool, "kv_cache_layout", "nhd") == "vectorized_5d"
+
+    self.token_to_kv_pool = model_runner.token_to_kv_pool
+    self.kv_cache_is_vectorized_5d = _pool_is_vec5d(model_runner.token_to_kv_pool)
+    ...
+    if self.kv_cache_is_vectorized_5d:
+        self.token_to_kv_pool.set_kv_buffer(...)   # runs only on an MHA or SWA pool
+
+:func:`when_true` answers, for a test, which pool expressions are known to be of a class
+where which rules' accesses work, *in the branch where the test is true* (the false branch
+learns nothing: "not MHA" may be anything). It follows ``and``/``or``, calls of functions
+of the module or methods of the class (their truthy returns, and the ``if`` tests those
+returns sit under), and ``self.<flag>`` attributes every assignment of which is such a
+test. Names are resolved through parameters and single assignments. What a flag tells
+reaches other methods only about ``self`` attributes: those its test names, and the one
+attribute the assigning method stores the probed pool in, if nothing else assigns it
+(``self.token_to_kv_pool = model_runner.token_to_kv_pool``); a parameter of one method is
+another object in the next. Depth is bounded, so recursive helpers cannot loop.
+
+A probe is positive only when its truth names the class:
+
+* ``isinstance(P, C)`` for the classes of :data:`POSITIVE_CLASSES`;
+* ``getattr(P, A, d) == c`` (``c`` a constant other than ``d``) and ``P.A == c`` for an
+  attribute ``A`` of :data:`MHA_ONLY_ATTRIBUTES`: only MHA pools carry it.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+
+from kvcompat._scan._rules import RULES
+
+__all__ = ["MHA_ONLY_ATTRIBUTES", "POSITIVE_CLASSES", "Known", "ProbeIndex"]
+
+Known = dict[str, frozenset[str]]
+"""Pool expression key (``ast.dump``) -> the rule codes whose accesses work on it."""
+
+_ALL = frozenset(RULES)
+_METHODS = frozenset({"KVC001", "KVC002", "KVC003", "KVC006"})
+
+# Attributes only SGLang's MHATokenToKVPool (and its subclasses) sets, in 0.5.23
+# (tests/real/test_scan_facts_real.py checks the installed wheel): a pool that has one is
+# an MHA pool, with k_buffer/v_buffer and working getters and writer.
+MHA_ONLY_ATTRIBUTES = frozenset(
+    {"native_k_scale_buffer", "native_v_scale_buffer", "kv_cache_layout"}
+)
+
+# isinstance(P, C) true -> the rules whose accesses work on P. SWAKVPool forwards the
+# methods to its MHA sub-pools but has no k_buffer/v_buffer/kv_buffer of its own, and its
+# get_kv_buffer_shape() raises KeyError when the pool starts past layer 0 (0.5.23).
+POSITIVE_CLASSES: Mapping[str, frozenset[str]] = {
+    "MHATokenToKVPool": _ALL,
+    "SWAKVPool": _METHODS,
+}
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# The key (ast.dump) of an expression reached from ``self``: ``self.pool``, ``self.a[i].b``.
+_SELF_ROOTED = re.compile(r"(?:(?:Attribute|Subscript)\(value=)+Name\(id='self'")
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+_MAX_DEPTH = 4
+
+
+def _key(expr: ast.expr) -> str:
+    return ast.dump(expr)
+
+
+def _is_self(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Name) and expr.id == "self"
+
+
+def _root(expr: ast.expr) -> ast.Name | None:
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        expr = expr.value
+    return expr if isinstance(expr, ast.Name) else None
+
+
+def _class_name(expr: ast.expr) -> str:
+    if isinstance(expr, ast.Name):
+        return expr.id
+    return expr.attr if isinstance(expr, ast.Attribute) else ""
+
+
+def _both(first: Known, second: Known) -> Known:
+    """What ``a and b`` being true tells: everything either tells."""
+    merged = dict(first)
+    for key, codes in second.items():
+        merged[key] = merged.get(key, frozenset()) | codes
+    return merged
+
+
+def _either(first: Known, second: Known) -> Known:
+    """What ``a or b`` being true tells: only what both tell."""
+    return {
+        key: first[key] & second[key]
+        for key in first.keys() & second.keys()
+        if first[key] & second[key]
+    }
+
+
+def _never_true(expr: ast.expr | None) -> bool:
+    return expr is None or (isinstance(expr, ast.Constant) and not expr.value)
+
+
+def _own_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of a function body, nested blocks included, nested defs not."""
+    stack = list(reversed(body))
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            children = getattr(stmt, field, None)
+            if isinstance(children, list):
+                stack.extend(reversed([c for c in children if isinstance(c, ast.stmt)]))
+        for handler in getattr(stmt, "handlers", []):
+            stack.extend(reversed(handler.body))
+
+
+class _Frame:
+    """A function being read: its parameters' arguments and its single-assigned locals."""
+
+    def __init__(
+        self, function: _Function | ast.Lambda | None, args: Mapping[str, ast.expr]
+    ) -> None:
+        self.function = function
+        self.args = dict(args)
+        self.locals: dict[str, ast.expr] = {}
+        if not isinstance(function, _FUNCTIONS):
+            return
+        stores = Counter(
+            node.id
+            for node in ast.walk(function)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+        )
+        for stmt in _own_statements(function.body):
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target = stmt.targets[0]
+                if isinstance(target, ast.Name) and stores[target.id] == 1:
+                    self.locals[target.id] = stmt.value
+
+    def resolve(self, expr: ast.expr, depth: int = 0) -> ast.expr:
+        """``expr`` with its root name replaced by the argument or value it stands for."""
+        root = _root(expr)
+        if root is None or depth > _MAX_DEPTH or _is_self(root):
+            return expr
+        if root.id in self.args:
+            replacement = self.args[root.id]
+        elif root.id in self.locals:
+            replacement = self.resolve(self.locals[root.id], depth + 1)
+        else:
+            return expr
+        if expr is root:
+            return replacement
+        rebuilt = copy.deepcopy(expr)
+        node: ast.expr = rebuilt
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            if isinstance(node.value, ast.Name):
+                node.value = replacement
+                break
+            node = node.value
+        return rebuilt
+
+
+class ProbeIndex:
+    """Positive probes of one module: its functions, and per class its methods and flags."""
+
+    def __init__(self, module: ast.Module) -> None:
+        self.functions: dict[str, _Function] = {
+            stmt.name: stmt for stmt in module.body if isinstance(stmt, _FUNCTIONS)
+        }
+        self._flags: dict[tuple[int, str], Known] = {}
+        self._aliases: dict[int, dict[str, tuple[str, _Function]]] = {}
+        self._frames: dict[int, _Frame] = {}
+
+    def _frame(self, function: _Function | ast.Lambda | None) -> _Frame:
+        """The argument-less frame of a function (its locals), built once."""
+        frame = self._frames.get(id(function))
+        if frame is None:
+            frame = self._frames[id(function)] = _Frame(function, {})
+        return frame
+
+    # -- entry point ----------------------------------------------------------
+
+    def when_true(
+        self, test: ast.expr, function: _Function | ast.Lambda | None, cls: ast.ClassDef | None
+    ) -> Known:
+        """Pool keys known, in the true branch of ``test``, to be of a positive class."""
+        return self._truthy(test, self._frame(function), cls, 0)
+
+    # -- expressions ----------------------------------------------------------
+
+    def _truthy(  # noqa: PLR0911 -- one return per kind of expression
+        self, expr: ast.expr, frame: _Frame, cls: ast.ClassDef | None, depth: int
+    ) -> Known:
+        if depth > _MAX_DEPTH:
+            return {}
+        if isinstance(expr, ast.BoolOp):
+            parts = [self._truthy(value, frame, cls, depth) for value in expr.values]
+            result = parts[0]
+            for part in parts[1:]:
+                result = (
+                    _both(result, part) if isinstance(expr.op, ast.And) else _either(result, part)
+                )
+            return result
+        if isinstance(expr, ast.NamedExpr):
+            return self._truthy(expr.value, frame, cls, depth)
+        if isinstance(expr, ast.Compare):
+            return self._compare(expr, frame)
+        if isinstance(expr, ast.Call):
+            return self._call(expr, frame, cls, depth)
+        if isinstance(expr, ast.Attribute) and _is_self(expr.value) and cls is not None:
+            return self._flag(cls, expr.attr, depth)
+        if isinstance(expr, ast.Name) and expr.id in frame.locals:
+            return self._truthy(frame.locals[expr.id], frame, cls, depth + 1)
+        return {}
+
+    def _compare(self, expr: ast.Compare, frame: _Frame) -> Known:
+        if len(expr.ops) != 1 or not isinstance(expr.ops[0], ast.Eq):
+            return {}
+        left, right = expr.left, expr.comparators[0]
+        if not (isinstance(right, ast.Constant) and right.value is not None):
+            return {}
+        subject: ast.expr | None = None
+        if (
+            isinstance(left, ast.Call)
+            and isinstance(left.func, ast.Name)
+            and left.func.id == "getattr"
+            and len(left.args) == 3
+            and not left.keywords
+        ):
+            pool, name, default = left.args
+            same_as_default = isinstance(default, ast.Constant) and default.value == right.value
+            if (
+                isinstance(name, ast.Constant)
+                and name.value in MHA_ONLY_ATTRIBUTES
+                and not same_as_default
+            ):
+                subject = pool
+        elif isinstance(left, ast.Attribute) and left.attr in MHA_ONLY_ATTRIBUTES:
+            subject = left.value
+        if subject is None:
+            return {}
+        return {_key(frame.resolve(subject)): _ALL}
+
+    def _call(self, call: ast.Call, frame: _Frame, cls: ast.ClassDef | None, depth: int) -> Known:
+        func = call.func
+        if isinstance(func, ast.Name) and func.id == "isinstance" and len(call.args) == 2:
+            pool, classes = call.args
+            names = classes.elts if isinstance(classes, ast.Tuple) else [classes]
+            codes: frozenset[str] | None = None
+            for name in names:
+                works = POSITIVE_CLASSES.get(_class_name(name), frozenset())
+                codes = works if codes is None else codes & works
+            return {_key(frame.resolve(pool)): codes} if codes else {}
+        callee, bound = self._callee(func, frame, cls)
+        if callee is None or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
+            return {}
+        params = [p.arg for p in (*callee.args.posonlyargs, *callee.args.args)][bound:]
+        args = {name: frame.resolve(arg) for name, arg in zip(params, call.args, strict=False)}
+        return self._returns(callee, _Frame(callee, args), cls, depth + 1)
+
+    def _callee(
+        self, func: ast.expr, frame: _Frame, cls: ast.ClassDef | None
+    ) -> tuple[_Function | None, int]:
+        """The function a call runs, if the module defines it, and how many parameters bind."""
+        if isinstance(func, ast.Name):
+            function = frame.function
+            if isinstance(function, _FUNCTIONS):
+                for stmt in _own_statements(function.body):
+                    if isinstance(stmt, _FUNCTIONS) and stmt.name == func.id:
+                        return stmt, 0
+            return self.functions.get(func.id), 0
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and cls is not None
+            and func.value.id in {"self", "cls", cls.name}
+        ):
+            for stmt in cls.body:
+                if isinstance(stmt, _FUNCTIONS) and stmt.name == func.attr:
+                    static = any(_class_name(d) == "staticmethod" for d in stmt.decorator_list)
+                    return stmt, 0 if static or func.value.id == cls.name else 1
+        return None, 0
+
+    def _returns(
+        self, function: _Function, frame: _Frame, cls: ast.ClassDef | None, depth: int
+    ) -> Known:
+        """What a truthy return of ``function`` tells: the intersection over its returns."""
+        result: Known | None = None
+        stack: list[tuple[list[ast.stmt], Known]] = [(function.body, {})]
+        while stack:
+            body, around = stack.pop()
+            for stmt in body:
+                if isinstance(stmt, ast.Return):
+                    if _never_true(stmt.value):
+                        continue
+                    assert stmt.value is not None
+                    here = _both(around, self._value(stmt.value, frame, cls, depth))
+                    result = here if result is None else _either(result, here)
+                elif isinstance(stmt, ast.If):
+                    stack.append(
+                        (stmt.body, _both(around, self._truthy(stmt.test, frame, cls, depth)))
+                    )
+                    stack.append((stmt.orelse, around))
+                elif not isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
+                    for field in ("body", "orelse", "finalbody"):
+                        children = getattr(stmt, field, None)
+                        if isinstance(children, list):
+                            stack.append((children, around))
+                    stack.extend((h.body, around) for h in getattr(stmt, "handlers", []))
+        return result or {}
+
+    def _value(self, expr: ast.expr, frame: _Frame, cls: ast.ClassDef | None, depth: int) -> Known:
+        """What a truthy returned value tells; ``x if test else None`` tells the test too."""
+        if isinstance(expr, ast.IfExp):
+            if _never_true(expr.orelse):
+                return _both(
+                    self._truthy(expr.test, frame, cls, depth),
+                    self._value(expr.body, frame, cls, depth),
+                )
+            if _never_true(expr.body):
+                return self._value(expr.orelse, frame, cls, depth)
+            return _either(
+                self._value(expr.body, frame, cls, depth),
+                self._value(expr.orelse, frame, cls, depth),
+            )
+        return self._truthy(expr, frame, cls, depth)
+
+    # -- classes --------------------------------------------------------------
+
+    def _assignments(
+        self, cls: ast.ClassDef, attr: str
+    ) -> Iterator[tuple[ast.expr | None, _Function | None]]:
+        """Every ``self.<attr> = value`` in the class's methods (``None``: not a plain one)."""
+        for method in cls.body:
+            if not isinstance(method, _FUNCTIONS):
+                continue
+            for stmt in _own_statements(method.body):
+                if isinstance(stmt, ast.Assign):
+                    for target in stmt.targets:
+                        for node in ast.walk(target):
+                            if (
+                                isinstance(node, ast.Attribute)
+                                and _is_self(node.value)
+                                and node.attr == attr
+                            ):
+                                yield (stmt.value if node is target else None), method
+                elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+                    target = stmt.target
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and _is_self(target.value)
+                        and target.attr == attr
+                    ):
+                        plain = isinstance(stmt, ast.AnnAssign) and stmt.value is not None
+                        yield (stmt.value if plain else None), method
+        for stmt in cls.body:  # a class attribute is an assignment too
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
+                    yield None, None
+
+    def _flag(self, cls: ast.ClassDef, attr: str, depth: int) -> Known:
+        cache = (id(cls), attr)
+        if cache in self._flags:
+            return self._flags[cache]
+        self._flags[cache] = {}  # a flag computed from itself tells nothing
+        result: Known | None = None
+        for value, method in self._assignments(cls, attr):
+            if value is None:
+                result = {}
+                break
+            here = self._value(value, self._frame(method), cls, depth + 1)
+            here = self._on_self(here, cls, method)
+            result = here if result is None else _either(result, here)
+        self._flags[cache] = result or {}
+        return self._flags[cache]
+
+    def _on_self(self, known: Known, cls: ast.ClassDef, method: _Function | None) -> Known:
+        """What a flag assigned in ``method`` tells any method: only ``self``-rooted keys.
+
+        A key rooted at one of ``method``'s parameters or locals means another object in
+        another method, so it is carried over only through a ``self.<attr>`` that
+        ``method`` stores it in (``self.token_to_kv_pool = model_runner.token_to_kv_pool``),
+        and only if no other assignment of that attribute stores anything else.
+        """
+        carried: Known = {}
+        for key, codes in known.items():
+            if _SELF_ROOTED.match(key):
+                carried[key] = carried.get(key, frozenset()) | codes
+        for attr, (value_key, where) in self._class_aliases(cls).items():
+            if where is method and value_key in known:
+                load = ast.Attribute(
+                    value=ast.Name(id="self", ctx=ast.Load()), attr=attr, ctx=ast.Load()
+                )
+                carried = _both(carried, {_key(load): known[value_key]})
+        return carried
+
+    def _class_aliases(self, cls: ast.ClassDef) -> dict[str, tuple[str, _Function]]:
+        """``self.<attr>`` -> the pool expression its one assignment stores, and where."""
+        if id(cls) in self._aliases:
+            return self._aliases[id(cls)]
+        stored: dict[str, list[tuple[str, _Function] | None]] = {}
+        for method in cls.body:
+            if not isinstance(method, _FUNCTIONS):
+                continue
+            frame = self._frame(method)
+            for stmt in _own_statements(method.body):
+                targets: list[ast.expr] = []
+                value: ast.expr | None = None
+                if isinstance(stmt, ast.Assign):
+                    targets, value = stmt.targets, stmt.value
+                elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+                    targets = [stmt.target]
+                for target in targets:
+                    for node in ast.walk(target):
+                        if isinstance(node, ast.Attribute) and _is_self(node.value):
+                            entry = None
+                            if (
+                                node is target
+                                and isinstance(value, (ast.Name, ast.Attribute))
+                                and _root(value) is not None
+                            ):
+                                entry = (_key(frame.resolve(value)), method)
+                            stored.setdefault(node.attr, []).append(entry)
+        aliases = {
+            attr: entries[0]
+            for attr, entries in stored.items()
+            if len(entries) == 1 and entries[0] is not None
+        }
+        self._aliases[id(cls)] = aliases
+        return aliases
