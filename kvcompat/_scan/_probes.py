@@ -68,7 +68,7 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # The key (ast.dump) of an expression reached from ``self``: ``self.pool``, ``self.a[i].b``.
 _SELF_ROOTED = re.compile(r"(?:(?:Attribute|Subscript)\(value=)+Name\(id='self'")
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
-_MAX_DEPTH = 4
+_MAX_DEPTH = 6  # nested calls, flags, and/or and conditional expressions
 
 
 def _key(expr: ast.expr) -> str:
@@ -207,7 +207,7 @@ class ProbeIndex:
         if depth > _MAX_DEPTH:
             return {}
         if isinstance(expr, ast.BoolOp):
-            parts = [self._truthy(value, frame, cls, depth) for value in expr.values]
+            parts = [self._truthy(value, frame, cls, depth + 1) for value in expr.values]
             result = parts[0]
             for part in parts[1:]:
                 result = (
@@ -215,7 +215,7 @@ class ProbeIndex:
                 )
             return result
         if isinstance(expr, ast.NamedExpr):
-            return self._truthy(expr.value, frame, cls, depth)
+            return self._truthy(expr.value, frame, cls, depth + 1)
         if isinstance(expr, ast.Compare):
             return self._compare(expr, frame)
         if isinstance(expr, ast.Call):
@@ -324,6 +324,9 @@ class ProbeIndex:
 
     def _value(self, expr: ast.expr, frame: _Frame, cls: ast.ClassDef | None, depth: int) -> Known:
         """What a truthy returned value tells; ``x if test else None`` tells the test too."""
+        if depth > _MAX_DEPTH:
+            return {}
+        depth += 1
         if isinstance(expr, ast.IfExp):
             if _never_true(expr.orelse):
                 return _both(
