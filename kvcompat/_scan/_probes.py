@@ -120,11 +120,11 @@ def _own_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
         yield stmt
         if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
             continue
-        for field in ("body", "orelse", "finalbody", "handlers"):
+        for field in ("body", "orelse", "finalbody"):
             children = getattr(stmt, field, None)
             if isinstance(children, list):
                 stack.extend(reversed([c for c in children if isinstance(c, ast.stmt)]))
-        for handler in getattr(stmt, "handlers", []):
+        for handler in (*getattr(stmt, "handlers", []), *getattr(stmt, "cases", [])):
             stack.extend(reversed(handler.body))
 
 
@@ -144,6 +144,9 @@ class _Frame:
             for node in ast.walk(function)
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
         )
+        # A parameter assigned later holds the argument until then: not a single value.
+        stores.update(p.arg for p in (*function.args.posonlyargs, *function.args.args))
+        stores.update(p.arg for p in function.args.kwonlyargs)
         for stmt in _own_statements(function.body):
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                 target = stmt.targets[0]

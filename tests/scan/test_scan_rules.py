@@ -889,3 +889,13 @@ def test_a_probe_of_another_methods_parameter_says_nothing_about_self() -> None:
                 self.pool.get_value_buffer(layer)
     """
     assert codes(source) == ["KVC001", "KVC001", "KVC001"]
+
+
+def test_a_parameter_reassigned_after_the_probe_is_not_resolved_to_its_new_value() -> None:
+    source = """
+    def write(pool, other, layer, loc, k, v):
+        if pool.kv_cache_layout == "nhd":
+            other.set_kv_buffer(layer, loc, k, v)
+        pool = other
+    """
+    assert codes(source) == ["KVC003"]
