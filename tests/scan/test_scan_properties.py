@@ -175,3 +175,30 @@ def test_guards_cover_every_statement_in_their_block(
     assert scan_source(guard.format(body=body) + "\n") == []
     found = scan_source(breaking.format(body=body) + "\n")
     assert [f.code for f in found] == [code for _, code in statements]
+
+
+probes = st.sampled_from(
+    [
+        '{p}.kv_cache_layout == "hnd"',
+        'getattr({p}, "native_k_scale_buffer", None) == 1',
+        "isinstance({p}, MHATokenToKVPool)",
+    ]
+)
+
+
+@given(probed=receivers, other=receivers, probe=probes, method=methods)
+def test_a_class_probe_guards_only_its_receiver_and_only_when_true(
+    probed: str, other: str, probe: str, method: tuple[str, str]
+) -> None:
+    name, code = method
+    test = probe.format(p=probed)
+    guarded = f"if {test}:\n    {probed}.{name}(0)\n"
+    assert scan_source(guarded) == []
+    if not (other == probed or other.startswith(probed + ".")):
+        elsewhere = f"if {test}:\n    {other}.{name}(0)\n"
+        assert [f.code for f in scan_source(elsewhere)] == [code]
+    if not probe.startswith("isinstance"):  # isinstance is also a receiver check (both branches)
+        negated = f"if not ({test}):\n    {probed}.{name}(0)\n"
+        assert [f.code for f in scan_source(negated)] == [code]
+        otherwise = f"if {test}:\n    pass\nelse:\n    {probed}.{name}(0)\n"
+        assert [f.code for f in scan_source(otherwise)] == [code]
