@@ -24,6 +24,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from kvcompat._scan._probes import MHA_ONLY_ATTRIBUTES, ProbeIndex
 from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, RULES, Finding, make_message
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
+from kvcompat._scan._syntax import (
+    FUNCTIONS,
+    class_attributes,
+    expr_key,
+    is_self,
+    last_name,
+    parameters,
+    prefixes,
+)
 
 __all__ = ["FIX_ADAPTER", "FIX_HELPERS", "Edit", "Hit", "analyze"]
 
@@ -79,7 +88,6 @@ _TRY_TYPES: tuple[type[ast.stmt], ...] = tuple(
     t for t in (getattr(ast, "Try", None), getattr(ast, "TryStar", None)) if t is not None
 )
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _MAX_SHOWN = 40
 # Every name the scanner looks for contains one of these ("kv_buffer" contains
 # "v_buffer"). Identifiers are NFKC-normalised, so only ASCII text can skip analysis.
@@ -301,41 +309,6 @@ def _target_names(target: ast.expr) -> Iterator[ast.Name]:
             yield node
 
 
-def _is_self(expr: ast.expr) -> bool:
-    return isinstance(expr, ast.Name) and expr.id == "self"
-
-
-def _last_name(expr: ast.expr) -> str:
-    """The name a base class is written with: ``KVCache`` in ``memory_pool.KVCache``."""
-    while isinstance(expr, ast.Subscript):
-        expr = expr.value
-    if isinstance(expr, ast.Name):
-        return expr.id
-    return expr.attr if isinstance(expr, ast.Attribute) else ""
-
-
-def _prefixes(expr: ast.expr) -> Iterator[ast.expr]:
-    """``a.b[i].c``, ``a.b[i]``, ``a.b``, ``a``: the expression and what it is reached from."""
-    while True:
-        yield expr
-        if isinstance(expr, (ast.Attribute, ast.Subscript)):
-            expr = expr.value
-        elif isinstance(expr, ast.Call):
-            expr = expr.func
-        else:
-            return
-
-
-def _rooted_at_self(expr: ast.expr) -> bool:
-    """``self``, ``self.full_kv_pool``, ``self._pool_for(i)``: reached from ``self``."""
-    return any(_is_self(prefix) for prefix in _prefixes(expr))
-
-
-def _key(expr: ast.expr) -> str:
-    """A spelling-independent key for an expression (positions and context dropped)."""
-    return ast.dump(expr)
-
-
 def _receiver_check(call: ast.Call) -> ast.expr | None:
     """The object ``hasattr(x, ...)``, ``isinstance(x, ...)`` or ``type(x)`` asks about.
 
@@ -352,16 +325,6 @@ def _receiver_check(call: ast.Call) -> ast.expr | None:
         if isinstance(name, ast.Constant) and name.value not in _LAYOUT_NAMES:
             return None
     return call.args[0]
-
-
-def _parameters(args: ast.arguments) -> Iterator[ast.arg]:
-    yield from args.posonlyargs
-    yield from args.args
-    if args.vararg is not None:
-        yield args.vararg
-    yield from args.kwonlyargs
-    if args.kwarg is not None:
-        yield args.kwarg
 
 
 class _Binder:
@@ -384,7 +347,7 @@ class _Binder:
     def _visit(
         self, node: ast.AST, scope: _Scope, cls: _Class | None
     ) -> Iterator[tuple[ast.AST, _Scope, _Class | None]]:
-        if isinstance(node, (*_FUNCTIONS, ast.Lambda)):
+        if isinstance(node, (*FUNCTIONS, ast.Lambda)):
             yield from self._enter_function(node, scope, cls)
             return
         if isinstance(node, ast.ClassDef):
@@ -405,7 +368,7 @@ class _Binder:
         inner = _Scope(parent=scope, is_class=False)
         self.scopes[node] = inner
         start = (node.lineno, node.col_offset)
-        for param in _parameters(node.args):
+        for param in parameters(node.args):
             adapted = self.names.mentions_kvcompat(param.annotation)
             inner.bind(param.arg, start, _Kind.ADAPTED if adapted else _Kind.OTHER)
         outer: list[ast.AST] = [*node.args.defaults]
@@ -415,7 +378,7 @@ class _Binder:
         else:
             scope.bind(node.name, _end(node), _Kind.OTHER)
             outer.extend(node.decorator_list)
-            outer.extend(p.annotation for p in _parameters(node.args) if p.annotation)
+            outer.extend(p.annotation for p in parameters(node.args) if p.annotation)
             if node.returns is not None:
                 outer.append(node.returns)
             for stmt in node.body:
@@ -426,18 +389,11 @@ class _Binder:
         self, node: ast.ClassDef, scope: _Scope, cls: _Class | None
     ) -> Iterator[tuple[ast.AST, _Scope, _Class | None]]:
         scope.bind(node.name, _end(node), _Kind.OTHER)
-        methods = frozenset(stmt.name for stmt in node.body if isinstance(stmt, _FUNCTIONS))
-        bases = tuple(_last_name(base) for base in node.bases)
+        methods = frozenset(stmt.name for stmt in node.body if isinstance(stmt, FUNCTIONS))
+        bases = tuple(last_name(base) for base in node.bases)
         info = _Class(name=node.name, methods=methods, bases=bases)
-        info.defs.update((stmt.name, stmt) for stmt in node.body if isinstance(stmt, _FUNCTIONS))
-        for stmt in node.body:  # class attributes (``k_buffer = None``) belong to it too
-            if isinstance(stmt, ast.Assign):
-                targets = stmt.targets
-            elif isinstance(stmt, ast.AnnAssign):
-                targets = [stmt.target]
-            else:
-                continue
-            info.assigned.update(name.id for target in targets for name in _target_names(target))
+        info.defs.update((stmt.name, stmt) for stmt in node.body if isinstance(stmt, FUNCTIONS))
+        info.assigned.update(class_attributes(node))  # ``k_buffer = None`` belongs to it
         self.classes[node] = info
         inner = _Scope(parent=scope, is_class=True)
         self.scopes[node] = inner
@@ -465,7 +421,7 @@ class _Binder:
         elif (
             isinstance(node, ast.Attribute)
             and isinstance(node.ctx, ast.Store)
-            and _is_self(node.value)
+            and is_self(node.value)
             and cls is not None
         ):
             cls.assigned.add(node.attr)
@@ -493,7 +449,7 @@ class _Binder:
     ) -> None:
         if isinstance(target, ast.Name):
             scope.bind(target.id, position, kind)
-        elif isinstance(target, ast.Attribute) and _is_self(target.value) and cls is not None:
+        elif isinstance(target, ast.Attribute) and is_self(target.value) and cls is not None:
             cls.kinds.setdefault(target.attr, set()).add(kind)
         else:
             for name in _target_names(target):
@@ -535,11 +491,11 @@ class _Ctx:
     guarded: bool = False
     caught: frozenset[str] = frozenset()
     comprehension_names: frozenset[str] = frozenset()
-    checked: frozenset[str] = frozenset()  # _key()s of receivers a hasattr/isinstance tested
-    # _key()s that a later statement of the block checks and leaves on failure
+    checked: frozenset[str] = frozenset()  # expr_key()s of receivers hasattr/isinstance tested
+    # expr_key()s that a later statement of the block checks and leaves on failure
     # (``self.pool = p`` then ``if not isinstance(self.pool, C): raise``).
     checked_later: frozenset[str] = frozenset()
-    # (_key(), code) pairs: a test this code runs under named the receiver's class, and
+    # (expr_key(), code) pairs: a test this code runs under named the receiver's class, and
     # that class's access for the code works (_probes: flags computed in __init__ too).
     known: frozenset[tuple[str, str]] = frozenset()
     function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | None = None
@@ -647,7 +603,7 @@ class _Walker:
             child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)
         }
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {
-            stmt.name: stmt for stmt in tree.body if isinstance(stmt, _FUNCTIONS)
+            stmt.name: stmt for stmt in tree.body if isinstance(stmt, FUNCTIONS)
         }
         self.probes = ProbeIndex(tree)
         self.class_nodes = {id(info): node for node, info in binder.classes.items()}
@@ -670,7 +626,7 @@ class _Walker:
             if expr.id in ctx.comprehension_names:
                 return _Kind.OTHER
             return _lookup(expr.id, (expr.lineno, expr.col_offset), ctx.scope)
-        if isinstance(expr, ast.Attribute) and _is_self(expr.value) and ctx.cls is not None:
+        if isinstance(expr, ast.Attribute) and is_self(expr.value) and ctx.cls is not None:
             return ctx.cls.kind_of(expr.attr)
         return _Kind.OTHER
 
@@ -697,7 +653,7 @@ class _Walker:
     def _detector_branches(self, test: ast.expr, ctx: _Ctx) -> tuple[_Ctx, _Ctx]:
         """The contexts of both branches, as receiver checks and detectors set them."""
         checked = frozenset(
-            _key(subject)
+            expr_key(subject)
             for node in ast.walk(test)
             if isinstance(node, ast.Call) and (subject := _receiver_check(node)) is not None
         )
@@ -727,14 +683,16 @@ class _Walker:
             return True
         if code in self.family_rules:
             return True
-        if ctx.checked and any(_key(prefix) in ctx.checked for prefix in _prefixes(receiver)):
+        if ctx.checked and any(expr_key(prefix) in ctx.checked for prefix in prefixes(receiver)):
             return True
-        if ctx.known and any((_key(prefix), code) in ctx.known for prefix in _prefixes(receiver)):
+        if ctx.known and any(
+            (expr_key(prefix), code) in ctx.known for prefix in prefixes(receiver)
+        ):
             return True
         if self._own(receiver, ctx) or _HOST_WORD in self.source.segment(receiver).lower():
             return True
         function = ctx.function
-        if isinstance(function, _FUNCTIONS) and _FAMILY_WORDS & set(function.name.split("_")):
+        if isinstance(function, FUNCTIONS) and _FAMILY_WORDS & set(function.name.split("_")):
             return True
         return self.names.is_adapt_call(receiver) or self._kind(receiver, ctx) is _Kind.ADAPTED
 
@@ -778,7 +736,7 @@ class _Walker:
                 isinstance(stmt, ast.Assert) or _exits(stmt.body)
             ):
                 seen = seen | {
-                    _key(subject)
+                    expr_key(subject)
                     for node in ast.walk(stmt.test)
                     if isinstance(node, ast.Call) and (subject := _receiver_check(node)) is not None
                 }
@@ -787,13 +745,13 @@ class _Walker:
 
     def _fresh(self, node: ast.AST, cls: _Class | None) -> _Ctx:
         """A new scope: guards and ``try`` blocks outside it do not protect its body."""
-        function = node if isinstance(node, (*_FUNCTIONS, ast.Lambda)) else None
+        function = node if isinstance(node, (*FUNCTIONS, ast.Lambda)) else None
         return _Ctx(scope=self.binder.scopes[node], cls=cls, function=function)
 
     def _push_children(  # noqa: PLR0912 -- one branch per construct that changes protection
         self, stack: list[tuple[ast.AST, _Ctx]], node: ast.AST, ctx: _Ctx
     ) -> None:
-        if isinstance(node, _FUNCTIONS):
+        if isinstance(node, FUNCTIONS):
             self._push_block(stack, node.body, self._fresh(node, ctx.cls))
             outer = [*node.decorator_list, node.args]
             if node.returns is not None:
@@ -902,15 +860,15 @@ class _Walker:
             targets = [node.target]
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             targets = [node.optional_vars]
-        checked = value is not None and _key(value) in ctx.checked
+        checked = value is not None and expr_key(value) in ctx.checked
         for target in targets:
-            if isinstance(target, ast.Attribute) and _is_self(target.value):
+            if isinstance(target, ast.Attribute) and is_self(target.value):
                 load = ast.Attribute(value=target.value, attr=target.attr, ctx=ast.Load())
-                validated = checked or _key(load) in ctx.checked_later
+                validated = checked or expr_key(load) in ctx.checked_later
                 cls.narrowed.setdefault(target.attr, []).append(validated)
                 continue
             for inner in ast.walk(target):  # self.a, self.b = ...: not one checked value
-                if isinstance(inner, ast.Attribute) and _is_self(inner.value):
+                if isinstance(inner, ast.Attribute) and is_self(inner.value):
                     cls.narrowed.setdefault(inner.attr, []).append(False)
 
     @staticmethod
@@ -918,8 +876,8 @@ class _Walker:
         """The class and attribute of the ``self.<attr>`` a receiver is reached from."""
         if ctx.cls is None:
             return None
-        for prefix in _prefixes(receiver):
-            if isinstance(prefix, ast.Attribute) and _is_self(prefix.value):
+        for prefix in prefixes(receiver):
+            if isinstance(prefix, ast.Attribute) and is_self(prefix.value):
                 return ctx.cls, prefix.attr
         return None
 
@@ -953,10 +911,10 @@ class _Walker:
             and receiver.func.id == "super"
         ):
             return  # a pool subclass calling its base class's implementation
-        if _is_self(receiver) and ctx.cls is not None and func.attr in ctx.cls.methods:
+        if is_self(receiver) and ctx.cls is not None and func.attr in ctx.cls.methods:
             return  # a pool calling its own implementation of the method
         function = ctx.function
-        if isinstance(function, _FUNCTIONS) and function.name == func.attr:
+        if isinstance(function, FUNCTIONS) and function.name == func.attr:
             return  # a method of that name delegating to another pool (composites)
         code = CALL_RULES[func.attr]
         if code == "KVC007" and (node.args or node.keywords):
@@ -1015,9 +973,9 @@ class _Walker:
         ``assert`` only the test: those run whenever ``node`` does.
         """
         function = ctx.function
-        if not isinstance(function, _FUNCTIONS):
+        if not isinstance(function, FUNCTIONS):
             return False
-        wanted = _key(receiver)
+        wanted = expr_key(receiver)
         for stmt in function.body:
             if _end(stmt) >= (node.lineno, node.col_offset):
                 return False
@@ -1031,13 +989,13 @@ class _Walker:
                 if (
                     isinstance(inner, ast.Attribute)
                     and inner.attr in MHA_ONLY_ATTRIBUTES
-                    and _key(inner.value) == wanted
+                    and expr_key(inner.value) == wanted
                 ):
                     return True
         return False
 
     def _pool_like(self, receiver: ast.expr, attr: str, ctx: _Ctx) -> bool:
-        if _is_self(receiver) and ctx.cls is not None:
+        if is_self(receiver) and ctx.cls is not None:
             return False  # a class's own (or inherited) attribute: pools own their storage
         text = self.source.segment(receiver).lower()
         return any(word in text for word in _POOL_WORDS)
@@ -1157,7 +1115,7 @@ class _Walker:
         func = call.func
         target: ast.FunctionDef | ast.AsyncFunctionDef | None = None
         skip = 0
-        if isinstance(func, ast.Attribute) and _is_self(func.value) and ctx.cls is not None:
+        if isinstance(func, ast.Attribute) and is_self(func.value) and ctx.cls is not None:
             target, skip = ctx.cls.defs.get(func.attr), 1
         elif isinstance(func, ast.Name):
             target = self.functions.get(func.id)

@@ -35,11 +35,20 @@ from __future__ import annotations
 
 import ast
 import copy
-import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from kvcompat._scan._rules import RULES
+from kvcompat._scan._syntax import (
+    FUNCTIONS,
+    Function,
+    class_attributes,
+    expr_key,
+    is_self,
+    key_rooted_at_self,
+    last_name,
+    parameters,
+)
 
 __all__ = ["MHA_ONLY_ATTRIBUTES", "POSITIVE_CLASSES", "Known", "ProbeIndex"]
 
@@ -64,31 +73,14 @@ POSITIVE_CLASSES: Mapping[str, frozenset[str]] = {
     "SWAKVPool": _METHODS,
 }
 
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-# The key (ast.dump) of an expression reached from ``self``: ``self.pool``, ``self.a[i].b``.
-_SELF_ROOTED = re.compile(r"(?:(?:Attribute|Subscript)\(value=)+Name\(id='self'")
-_Function = ast.FunctionDef | ast.AsyncFunctionDef
-_MAX_DEPTH = 6  # nested calls, flags, and/or and conditional expressions
-
-
-def _key(expr: ast.expr) -> str:
-    return ast.dump(expr)
-
-
-def _is_self(expr: ast.expr) -> bool:
-    return isinstance(expr, ast.Name) and expr.id == "self"
+_MAX_DEPTH = 6  # nested calls, and/or and conditional expressions
+_Assignment = tuple[ast.expr | None, Function | None]
 
 
 def _root(expr: ast.expr) -> ast.Name | None:
     while isinstance(expr, (ast.Attribute, ast.Subscript)):
         expr = expr.value
     return expr if isinstance(expr, ast.Name) else None
-
-
-def _class_name(expr: ast.expr) -> str:
-    if isinstance(expr, ast.Name):
-        return expr.id
-    return expr.attr if isinstance(expr, ast.Attribute) else ""
 
 
 def _both(first: Known, second: Known) -> Known:
@@ -112,32 +104,37 @@ def _never_true(expr: ast.expr | None) -> bool:
     return expr is None or (isinstance(expr, ast.Constant) and not expr.value)
 
 
+def _blocks(stmt: ast.stmt) -> Iterator[list[ast.stmt]]:
+    """The statement lists nested in a compound statement (not in a def or class)."""
+    for field in ("body", "orelse", "finalbody"):
+        children = getattr(stmt, field, None)
+        if isinstance(children, list) and all(isinstance(c, ast.stmt) for c in children):
+            yield children
+    for clause in (*getattr(stmt, "handlers", []), *getattr(stmt, "cases", [])):
+        yield clause.body
+
+
 def _own_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     """The statements of a function body, nested blocks included, nested defs not."""
     stack = list(reversed(body))
     while stack:
         stmt = stack.pop()
         yield stmt
-        if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
-            continue
-        for field in ("body", "orelse", "finalbody"):
-            children = getattr(stmt, field, None)
-            if isinstance(children, list):
-                stack.extend(reversed([c for c in children if isinstance(c, ast.stmt)]))
-        for handler in (*getattr(stmt, "handlers", []), *getattr(stmt, "cases", [])):
-            stack.extend(reversed(handler.body))
+        if not isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
+            for block in reversed(list(_blocks(stmt))):
+                stack.extend(reversed(block))
 
 
 class _Frame:
     """A function being read: its parameters' arguments and its single-assigned locals."""
 
     def __init__(
-        self, function: _Function | ast.Lambda | None, args: Mapping[str, ast.expr]
+        self, function: Function | ast.Lambda | None, args: Mapping[str, ast.expr]
     ) -> None:
         self.function = function
         self.args = dict(args)
         self.locals: dict[str, ast.expr] = {}
-        if not isinstance(function, _FUNCTIONS):
+        if not isinstance(function, FUNCTIONS):
             return
         stores = Counter(
             node.id
@@ -145,8 +142,7 @@ class _Frame:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
         )
         # A parameter assigned later holds the argument until then: not a single value.
-        stores.update(p.arg for p in (*function.args.posonlyargs, *function.args.args))
-        stores.update(p.arg for p in function.args.kwonlyargs)
+        stores.update(param.arg for param in parameters(function.args))
         for stmt in _own_statements(function.body):
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                 target = stmt.targets[0]
@@ -156,7 +152,7 @@ class _Frame:
     def resolve(self, expr: ast.expr, depth: int = 0) -> ast.expr:
         """``expr`` with its root name replaced by the argument or value it stands for."""
         root = _root(expr)
-        if root is None or depth > _MAX_DEPTH or _is_self(root):
+        if root is None or depth > _MAX_DEPTH or is_self(root):
             return expr
         if root.id in self.args:
             replacement = self.args[root.id]
@@ -180,14 +176,14 @@ class ProbeIndex:
     """Positive probes of one module: its functions, and per class its methods and flags."""
 
     def __init__(self, module: ast.Module) -> None:
-        self.functions: dict[str, _Function] = {
-            stmt.name: stmt for stmt in module.body if isinstance(stmt, _FUNCTIONS)
+        self.functions: dict[str, Function] = {
+            stmt.name: stmt for stmt in module.body if isinstance(stmt, FUNCTIONS)
         }
         self._flags: dict[tuple[int, str], Known] = {}
-        self._aliases: dict[int, dict[str, tuple[str, _Function]]] = {}
+        self._assigned: dict[int, dict[str, list[_Assignment]]] = {}
         self._frames: dict[int, _Frame] = {}
 
-    def _frame(self, function: _Function | ast.Lambda | None) -> _Frame:
+    def _frame(self, function: Function | ast.Lambda | None) -> _Frame:
         """The argument-less frame of a function (its locals), built once."""
         frame = self._frames.get(id(function))
         if frame is None:
@@ -197,7 +193,7 @@ class ProbeIndex:
     # -- entry point ----------------------------------------------------------
 
     def when_true(
-        self, test: ast.expr, function: _Function | ast.Lambda | None, cls: ast.ClassDef | None
+        self, test: ast.expr, function: Function | ast.Lambda | None, cls: ast.ClassDef | None
     ) -> Known:
         """Pool keys known, in the true branch of ``test``, to be of a positive class."""
         return self._truthy(test, self._frame(function), cls, 0)
@@ -223,8 +219,8 @@ class ProbeIndex:
             return self._compare(expr, frame)
         if isinstance(expr, ast.Call):
             return self._call(expr, frame, cls, depth)
-        if isinstance(expr, ast.Attribute) and _is_self(expr.value) and cls is not None:
-            return self._flag(cls, expr.attr, depth)
+        if isinstance(expr, ast.Attribute) and is_self(expr.value) and cls is not None:
+            return self._flag(cls, expr.attr)
         if isinstance(expr, ast.Name) and expr.id in frame.locals:
             return self._truthy(frame.locals[expr.id], frame, cls, depth + 1)
         return {}
@@ -255,7 +251,7 @@ class ProbeIndex:
             subject = left.value
         if subject is None:
             return {}
-        return {_key(frame.resolve(subject)): _ALL}
+        return {expr_key(frame.resolve(subject)): _ALL}
 
     def _call(self, call: ast.Call, frame: _Frame, cls: ast.ClassDef | None, depth: int) -> Known:
         func = call.func
@@ -264,9 +260,9 @@ class ProbeIndex:
             names = classes.elts if isinstance(classes, ast.Tuple) else [classes]
             codes: frozenset[str] | None = None
             for name in names:
-                works = POSITIVE_CLASSES.get(_class_name(name), frozenset())
+                works = POSITIVE_CLASSES.get(last_name(name), frozenset())
                 codes = works if codes is None else codes & works
-            return {_key(frame.resolve(pool)): codes} if codes else {}
+            return {expr_key(frame.resolve(pool)): codes} if codes else {}
         callee, bound = self._callee(func, frame, cls)
         if callee is None or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
             return {}
@@ -276,13 +272,13 @@ class ProbeIndex:
 
     def _callee(
         self, func: ast.expr, frame: _Frame, cls: ast.ClassDef | None
-    ) -> tuple[_Function | None, int]:
+    ) -> tuple[Function | None, int]:
         """The function a call runs, if the module defines it, and how many parameters bind."""
         if isinstance(func, ast.Name):
             function = frame.function
-            if isinstance(function, _FUNCTIONS):
+            if isinstance(function, FUNCTIONS):
                 for stmt in _own_statements(function.body):
-                    if isinstance(stmt, _FUNCTIONS) and stmt.name == func.id:
+                    if isinstance(stmt, FUNCTIONS) and stmt.name == func.id:
                         return stmt, 0
             return self.functions.get(func.id), 0
         if (
@@ -292,13 +288,13 @@ class ProbeIndex:
             and func.value.id in {"self", "cls", cls.name}
         ):
             for stmt in cls.body:
-                if isinstance(stmt, _FUNCTIONS) and stmt.name == func.attr:
-                    static = any(_class_name(d) == "staticmethod" for d in stmt.decorator_list)
+                if isinstance(stmt, FUNCTIONS) and stmt.name == func.attr:
+                    static = any(last_name(d) == "staticmethod" for d in stmt.decorator_list)
                     return stmt, 0 if static or func.value.id == cls.name else 1
         return None, 0
 
     def _returns(
-        self, function: _Function, frame: _Frame, cls: ast.ClassDef | None, depth: int
+        self, function: Function, frame: _Frame, cls: ast.ClassDef | None, depth: int
     ) -> Known:
         """What a truthy return of ``function`` tells: the intersection over its returns."""
         result: Known | None = None
@@ -317,12 +313,8 @@ class ProbeIndex:
                         (stmt.body, _both(around, self._truthy(stmt.test, frame, cls, depth)))
                     )
                     stack.append((stmt.orelse, around))
-                elif not isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
-                    for field in ("body", "orelse", "finalbody"):
-                        children = getattr(stmt, field, None)
-                        if isinstance(children, list):
-                            stack.append((children, around))
-                    stack.extend((h.body, around) for h in getattr(stmt, "handlers", []))
+                elif not isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
+                    stack.extend((block, around) for block in _blocks(stmt))
         return result or {}
 
     def _value(self, expr: ast.expr, frame: _Frame, cls: ast.ClassDef | None, depth: int) -> Known:
@@ -346,55 +338,59 @@ class ProbeIndex:
 
     # -- classes --------------------------------------------------------------
 
-    def _assignments(
-        self, cls: ast.ClassDef, attr: str
-    ) -> Iterator[tuple[ast.expr | None, _Function | None]]:
-        """Every ``self.<attr> = value`` in the class's methods (``None``: not a plain one)."""
+    def _self_assignments(self, cls: ast.ClassDef) -> dict[str, list[_Assignment]]:
+        """``self.<attr>`` -> each assignment in the class, with its method.
+
+        The value is None where the assignment is not a plain ``self.<attr> = value``: a
+        tuple target, ``+=``, a bare annotation, a class attribute.
+        """
+        found = self._assigned.get(id(cls))
+        if found is not None:
+            return found
+        found = {}
         for method in cls.body:
-            if not isinstance(method, _FUNCTIONS):
+            if not isinstance(method, FUNCTIONS):
                 continue
             for stmt in _own_statements(method.body):
+                targets: list[ast.expr] = []
+                value: ast.expr | None = None
                 if isinstance(stmt, ast.Assign):
-                    for target in stmt.targets:
-                        for node in ast.walk(target):
-                            if (
-                                isinstance(node, ast.Attribute)
-                                and _is_self(node.value)
-                                and node.attr == attr
-                            ):
-                                yield (stmt.value if node is target else None), method
+                    targets, value = stmt.targets, stmt.value
                 elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-                    target = stmt.target
-                    if (
-                        isinstance(target, ast.Attribute)
-                        and _is_self(target.value)
-                        and target.attr == attr
-                    ):
-                        plain = isinstance(stmt, ast.AnnAssign) and stmt.value is not None
-                        yield (stmt.value if plain else None), method
-        for stmt in cls.body:  # a class attribute is an assignment too
-            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
-                    yield None, None
+                    targets = [stmt.target]
+                    value = stmt.value if isinstance(stmt, ast.AnnAssign) else None
+                for target in targets:
+                    for node in ast.walk(target):
+                        if isinstance(node, ast.Attribute) and is_self(node.value):
+                            plain = value if node is target else None
+                            found.setdefault(node.attr, []).append((plain, method))
+        for name in class_attributes(cls):  # a class attribute is an assignment too
+            found.setdefault(name, []).append((None, None))
+        self._assigned[id(cls)] = found
+        return found
 
-    def _flag(self, cls: ast.ClassDef, attr: str, depth: int) -> Known:
+    def _flag(self, cls: ast.ClassDef, attr: str) -> Known:
+        """What ``self.<attr>`` being true tells, in any method of the class.
+
+        Computed once per flag with a fresh depth budget, so the answer does not depend on
+        which test asked first; a flag that depends on itself tells nothing.
+        """
         cache = (id(cls), attr)
         if cache in self._flags:
             return self._flags[cache]
-        self._flags[cache] = {}  # a flag computed from itself tells nothing
+        self._flags[cache] = {}
         result: Known | None = None
-        for value, method in self._assignments(cls, attr):
+        for value, method in self._self_assignments(cls).get(attr, []):
             if value is None:
                 result = {}
                 break
-            here = self._value(value, self._frame(method), cls, depth + 1)
+            here = self._value(value, self._frame(method), cls, 1)
             here = self._on_self(here, cls, method)
             result = here if result is None else _either(result, here)
         self._flags[cache] = result or {}
         return self._flags[cache]
 
-    def _on_self(self, known: Known, cls: ast.ClassDef, method: _Function | None) -> Known:
+    def _on_self(self, known: Known, cls: ast.ClassDef, method: Function | None) -> Known:
         """What a flag assigned in ``method`` tells any method: only ``self``-rooted keys.
 
         A key rooted at one of ``method``'s parameters or locals means another object in
@@ -404,47 +400,27 @@ class ProbeIndex:
         """
         carried: Known = {}
         for key, codes in known.items():
-            if _SELF_ROOTED.match(key):
+            if key_rooted_at_self(key):
                 carried[key] = carried.get(key, frozenset()) | codes
         for attr, (value_key, where) in self._class_aliases(cls).items():
             if where is method and value_key in known:
                 load = ast.Attribute(
                     value=ast.Name(id="self", ctx=ast.Load()), attr=attr, ctx=ast.Load()
                 )
-                carried = _both(carried, {_key(load): known[value_key]})
+                carried = _both(carried, {expr_key(load): known[value_key]})
         return carried
 
-    def _class_aliases(self, cls: ast.ClassDef) -> dict[str, tuple[str, _Function]]:
+    def _class_aliases(self, cls: ast.ClassDef) -> dict[str, tuple[str, Function]]:
         """``self.<attr>`` -> the pool expression its one assignment stores, and where."""
-        if id(cls) in self._aliases:
-            return self._aliases[id(cls)]
-        stored: dict[str, list[tuple[str, _Function] | None]] = {}
-        for method in cls.body:
-            if not isinstance(method, _FUNCTIONS):
+        aliases = {}
+        for attr, entries in self._self_assignments(cls).items():
+            if len(entries) != 1:
                 continue
-            frame = self._frame(method)
-            for stmt in _own_statements(method.body):
-                targets: list[ast.expr] = []
-                value: ast.expr | None = None
-                if isinstance(stmt, ast.Assign):
-                    targets, value = stmt.targets, stmt.value
-                elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-                    targets = [stmt.target]
-                for target in targets:
-                    for node in ast.walk(target):
-                        if isinstance(node, ast.Attribute) and _is_self(node.value):
-                            entry = None
-                            if (
-                                node is target
-                                and isinstance(value, (ast.Name, ast.Attribute))
-                                and _root(value) is not None
-                            ):
-                                entry = (_key(frame.resolve(value)), method)
-                            stored.setdefault(node.attr, []).append(entry)
-        aliases = {
-            attr: entries[0]
-            for attr, entries in stored.items()
-            if len(entries) == 1 and entries[0] is not None
-        }
-        self._aliases[id(cls)] = aliases
+            value, method = entries[0]
+            if (
+                method is not None
+                and isinstance(value, (ast.Name, ast.Attribute))
+                and _root(value) is not None
+            ):
+                aliases[attr] = (expr_key(self._frame(method).resolve(value)), method)
         return aliases

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,100 +21,87 @@ from _sglang.cases import POOL_CASES, PoolCase, case_params
 from _sglang.features import require
 
 from kvcompat._scan._probes import MHA_ONLY_ATTRIBUTES, POSITIVE_CLASSES
+from kvcompat.inspection._cli import find_kvcache_classes
 
 
-def _srt() -> Path:
+def _sglang_root() -> Path:
     spec = importlib.util.find_spec("sglang")
     assert spec is not None
     assert spec.origin is not None
-    return Path(spec.origin).parent / "srt"
+    return Path(spec.origin).parent
 
 
 @functools.cache
-def _pool_modules() -> tuple[ast.Module, ...]:
-    """The modules of the installed ``sglang/srt`` that can define a pool class.
+def _module(module: str) -> ast.Module | None:
+    """The parsed source of an installed ``sglang...`` module, or None if it has none."""
+    base = _sglang_root().parent.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return ast.parse(path.read_text(encoding="utf-8"))
+    return None
 
-    A ``KVCache`` subclass names a base that is a pool class, and every pool class's
-    name has ``Pool`` or ``KVCache`` in it (tests/core/test_pool_zoo.py lists them), so
-    the other files are not parsed.
+
+def _assigned_on_self(qualname: str, attrs: frozenset[str]) -> set[str]:
+    """The attributes of ``attrs`` that class ``qualname`` assigns.
+
+    Both ``self.<a> = …`` in its methods and ``<a> = …`` in its body count.
     """
-    trees = []
-    for path in _srt().rglob("*.py"):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
-        if "class " not in text or not ("Pool" in text or "KVCache" in text):
-            continue
-        try:
-            trees.append(ast.parse(text))
-        except SyntaxError:
-            continue
-    return tuple(trees)
-
-
-def _classes() -> Iterator[ast.ClassDef]:
-    """Every class definition of those modules."""
-    for tree in _pool_modules():
-        yield from (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef))
-
-
-def _classes_setting(attrs: frozenset[str]) -> dict[str, set[str]]:
-    """class name -> the attributes of ``attrs`` its body or methods assign on ``self``."""
-    setting: dict[str, set[str]] = {}
-    for cls in _classes():
+    module, _, name = qualname.rpartition(".")
+    tree = _module(module)
+    found: set[str] = set()
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)] if tree else []
+    for cls in (c for c in classes if c.name == name):
+        for stmt in cls.body:
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                found.update(t.id for t in targets if isinstance(t, ast.Name) and t.id in attrs)
         for node in ast.walk(cls):
-            target = node.target if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else None
-            targets = node.targets if isinstance(node, ast.Assign) else [target]
-            for t in targets:
-                if (
-                    isinstance(t, ast.Attribute)
-                    and isinstance(t.value, ast.Name)
-                    and t.value.id == "self"
-                    and t.attr in attrs
-                ):
-                    setting.setdefault(cls.name, set()).add(t.attr)
-    return setting
-
-
-def _bases() -> dict[str, set[str]]:
-    """class name -> the names of its direct bases, over every module of ``srt``."""
-    bases: dict[str, set[str]] = {}
-    for cls in _classes():
-        names = {ast.unparse(base).rsplit(".", 1)[-1] for base in cls.bases}
-        bases.setdefault(cls.name, set()).update(names)
-    return bases
-
-
-def _descends(name: str, ancestor: str, bases: dict[str, set[str]]) -> bool:
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        current = todo.pop()
-        if current == ancestor:
-            return True
-        if current not in seen:
-            seen.add(current)
-            todo.extend(bases.get(current, ()))
-    return False
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets = [node.target]
+            found.update(
+                t.attr
+                for t in targets
+                if isinstance(t, ast.Attribute)
+                and isinstance(t.value, ast.Name)
+                and t.value.id == "self"
+                and t.attr in attrs
+            )
+    return found
 
 
 def test_only_mha_pools_set_the_mha_only_attributes() -> None:
-    bases = _bases()
-    pools = {name for name in bases if _descends(name, "KVCache", bases)}
-    setting = _classes_setting(MHA_ONLY_ATTRIBUTES)
-    offenders = {
-        name: sorted(attrs)
-        for name, attrs in setting.items()
-        if name in pools and not _descends(name, "MHATokenToKVPool", bases)
+    # The pool classes and their bases come from kvcompat's own finder (kvcompat doctor's);
+    # a base that is no pool class (a mixin) counts as part of the class it is mixed into.
+    pools = {c.qualname: c.bases for c in find_kvcache_classes(_sglang_root())}
+
+    def ancestry(qualname: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [qualname]
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo.extend(pools.get(current, ()))
+        return seen
+
+    def is_mha(qualname: str) -> bool:
+        return any(q.rsplit(".", 1)[-1] == "MHATokenToKVPool" for q in ancestry(qualname))
+
+    setting = {
+        qualname: sorted(
+            attr
+            for part in (qualname, *(b for b in ancestry(qualname) if b not in pools))
+            for attr in _assigned_on_self(part, MHA_ONLY_ATTRIBUTES)
+        )
+        for qualname in pools
     }
+    setting = {qualname: attrs for qualname, attrs in setting.items() if attrs}
+    offenders = {q: attrs for q, attrs in setting.items() if not is_mha(q)}
     assert offenders == {}, f"pool classes outside MHATokenToKVPool set {offenders}"
     # Not vacuous where it matters: a release whose MHA pool sets none of them (0.5.12)
     # gives the probe nothing to name, and the scanner nothing to trust.
-    require(
-        any(_descends(name, "MHATokenToKVPool", bases) for name in setting),
-        f"an MHA pool attribute among {sorted(MHA_ONLY_ATTRIBUTES)}",
-    )
+    require(setting, f"an MHA pool attribute among {sorted(MHA_ONLY_ATTRIBUTES)}")
 
 
 @pytest.mark.parametrize("case", case_params())
@@ -124,10 +110,6 @@ def test_the_attributes_appear_only_on_mha_pool_objects(case: PoolCase) -> None:
     mha = any(klass.__name__ == "MHATokenToKVPool" for klass in type(pool).__mro__)
     present = sorted(attr for attr in MHA_ONLY_ATTRIBUTES if hasattr(pool, attr))
     assert mha or not present, f"{case.id}: a non-MHA pool has {present}"
-
-
-def _positive_codes(cls_name: str) -> frozenset[str] | None:
-    return POSITIVE_CLASSES.get(cls_name)
 
 
 _POSITIVE_CASES = [case for case in POOL_CASES if case.cls_name in POSITIVE_CLASSES]

@@ -887,8 +887,20 @@ def test_a_probe_of_another_methods_parameter_says_nothing_about_self() -> None:
         def forward(self, layer):
             if self.mha:
                 self.pool.get_value_buffer(layer)
+
+    class Swaps:
+        def __init__(self, runner):
+            self.pool = runner.token_to_kv_pool
+            self.mha = runner.token_to_kv_pool.kv_cache_layout == "nhd"
+
+        def swap(self, other):
+            self.pool = other  # the probed pool may be replaced
+
+        def forward(self, layer):
+            if self.mha:
+                self.pool.get_value_buffer(layer)
     """
-    assert codes(source) == ["KVC001", "KVC001", "KVC001"]
+    assert codes(source) == ["KVC001", "KVC001", "KVC001", "KVC001"]
 
 
 def test_a_parameter_reassigned_after_the_probe_is_not_resolved_to_its_new_value() -> None:

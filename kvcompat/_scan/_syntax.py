@@ -1,0 +1,88 @@
+"""Small facts about Python syntax trees that the scanner's passes share."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+__all__ = [
+    "FUNCTIONS",
+    "Function",
+    "class_attributes",
+    "expr_key",
+    "is_self",
+    "key_rooted_at_self",
+    "last_name",
+    "parameters",
+    "prefixes",
+]
+
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+# How expr_key() of an expression reached from ``self`` through prefixes() starts: ast.dump
+# writes the outermost node first, so ``self.a[i].f(x)`` is Call(func=Attribute(value=...
+_SELF_ROOTED_KEY = re.compile(r"(?:(?:Attribute|Subscript)\(value=|Call\(func=)*Name\(id='self'")
+
+
+def is_self(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Name) and expr.id == "self"
+
+
+def class_attributes(cls: ast.ClassDef) -> Iterator[str]:
+    """The names a class body assigns (``k_buffer = None``, ``a, b = 1, 2``)."""
+    for stmt in cls.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                yield from (n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+
+
+def last_name(expr: ast.expr) -> str:
+    """The name a class is written with: ``KVCache`` in ``memory_pool.KVCache``."""
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        return expr.id
+    return expr.attr if isinstance(expr, ast.Attribute) else ""
+
+
+def prefixes(expr: ast.expr) -> Iterator[ast.expr]:
+    """``a.b[i].c``, ``a.b[i]``, ``a.b``, ``a``: the expression and what it is reached from."""
+    while True:
+        yield expr
+        if isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        elif isinstance(expr, ast.Call):
+            expr = expr.func
+        else:
+            return
+
+
+def expr_key(expr: ast.expr) -> str:
+    """A spelling-independent key for an expression (positions and context dropped)."""
+    return ast.dump(expr)
+
+
+def key_rooted_at_self(key: str) -> bool:
+    """Whether the expression a key was made from is reached from ``self`` (``prefixes``).
+
+    Example:
+        >>> import ast
+        >>> key = expr_key(ast.parse("self.a[i].f(x)", mode="eval").body)
+        >>> key_rooted_at_self(key), key_rooted_at_self(expr_key(ast.Name(id="selfish")))
+        (True, False)
+    """
+    return _SELF_ROOTED_KEY.match(key) is not None
+
+
+def parameters(args: ast.arguments) -> Iterator[ast.arg]:
+    """Every parameter of a function, in order."""
+    yield from args.posonlyargs
+    yield from args.args
+    if args.vararg is not None:
+        yield args.vararg
+    yield from args.kwonlyargs
+    if args.kwarg is not None:
+        yield args.kwarg
