@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -113,7 +114,7 @@ def check(data: Mapping[str, Any], roots: Mapping[str, Path]) -> tuple[set[Key],
     from kvcompat.scan import scan_paths
 
     problems: list[str] = []
-    paths: dict[str, tuple[str, str]] = {}
+    paths: dict[str, tuple[str, str]] = {}  # real path -> (package, path in the corpus)
     for entry in data["files"]:
         root = roots.get(entry["package"])
         if root is None:
@@ -125,12 +126,16 @@ def check(data: Mapping[str, Any], roots: Mapping[str, Path]) -> tuple[set[Key],
         if sha256(file) != entry["sha256"]:
             problems.append(f"{entry['package']}/{entry['path']}: not the labelled version")
             continue
-        paths[str(file)] = (entry["package"], entry["path"])
-    report = scan_paths(sorted(paths))
+        paths[os.path.realpath(file)] = (entry["package"], entry["path"])
+    # Whole packages, as a user scans a tree: which modules are model code depends on
+    # who imports them. Only the findings on corpus files are scored.
+    scanned = sorted({str(roots[package]) for package, _ in paths.values()})
+    report = scan_paths(scanned)
     problems.extend(error.format() for error in report.errors)
     found = {
-        (*paths[finding.path], finding.line, finding.col, finding.code)
+        (*paths[real], finding.line, finding.col, finding.code)
         for finding in report.findings
+        if (real := os.path.realpath(finding.path)) in paths
     }
     labelled = {
         _key(label): label["label"] for label in data["labels"] if label["package"] in roots

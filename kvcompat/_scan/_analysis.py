@@ -1229,13 +1229,31 @@ def _mlx_only(tree: ast.Module) -> bool:
     )
 
 
-def analyze(tree: ast.Module, text: str, path: str) -> list[Hit]:
+def _lines_of(tree: ast.Module, names: frozenset[str]) -> list[tuple[int, int]]:
+    """The lines (decorators included) of the module's top-level defs named in ``names``."""
+    if not names:
+        return []
+    return [
+        (
+            min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)]),
+            stmt.end_lineno or stmt.lineno,
+        )
+        for stmt in tree.body
+        if isinstance(stmt, (*FUNCTIONS, ast.ClassDef)) and stmt.name in names
+    ]
+
+
+def analyze(
+    tree: ast.Module, text: str, path: str, *, exempt: frozenset[str] = frozenset()
+) -> list[Hit]:
     r"""Every unguarded, unsuppressed pool access in a parsed module, in source order.
 
     Args:
         tree: ``ast.parse(text)``.
         text: The module's source.
         path: The name to put into findings.
+        exempt: Top-level functions and classes whose accesses are not reported (the
+            model code of :mod:`kvcompat._scan._models`).
 
     Returns:
         The hits, sorted by line and column.
@@ -1257,8 +1275,12 @@ def analyze(tree: ast.Module, text: str, path: str) -> list[Hit]:
     if not walker.hits:
         return []
     suppressions = Suppressions.parse(text)
+    exempt_lines = _lines_of(tree, exempt)
     hits = [
-        hit for hit in walker.hits if not suppressions.covers(hit.finding.line, hit.finding.code)
+        hit
+        for hit in walker.hits
+        if not suppressions.covers(hit.finding.line, hit.finding.code)
+        and not any(first <= hit.finding.line <= last for first, last in exempt_lines)
     ]
     hits.sort(key=lambda hit: (hit.finding.line, hit.finding.col, hit.finding.code))
     return hits

@@ -173,13 +173,23 @@ def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]
         >>> "import kvcompat\n" in fixed, "def _kvcompat_set_kv_buffer(" in fixed, remaining
         (True, True, [])
     """
+    return fix_module(source, path)
+
+
+def fix_module(
+    source: str, path: str = "<string>", *, exempt: frozenset[str] = frozenset()
+) -> tuple[str, list[Finding]]:
+    """:func:`fix_source`, leaving the top-level defs named in ``exempt`` as they are.
+
+    Their accesses are neither rewritten nor reported (model code, for ``scan_paths``).
+    """
     tree = parse(source, path)
     if isinstance(tree, Finding):
         return source, [tree]
-    text = source
+    original, text = tree, source
     changed = False
     for _ in range(_MAX_PASSES):
-        step = _fix_pass(text, tree, path)
+        step = _fix_pass(text, tree, path, exempt)
         if step is None:
             break
         text, tree = step
@@ -190,9 +200,10 @@ def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]
             with_header = _add_import(text, tree, header)
             parsed = parse(with_header, path)
             if isinstance(parsed, Finding):  # pragma: no cover - the header always parses
-                return source, scan_source(source, path)
+                found = analyze(original, source, path, exempt=exempt)
+                return source, [hit.finding for hit in found]
             text, tree = with_header, parsed
-    remaining = [hit.finding for hit in analyze(tree, text, path)]
+    remaining = [hit.finding for hit in analyze(tree, text, path, exempt=exempt)]
     return text, [_unfixed(finding) for finding in remaining]
 
 
@@ -215,9 +226,11 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> str:
     return "".join(pieces)
 
 
-def _fix_pass(text: str, tree: ast.Module, path: str) -> tuple[str, ast.Module] | None:
+def _fix_pass(
+    text: str, tree: ast.Module, path: str, exempt: frozenset[str]
+) -> tuple[str, ast.Module] | None:
     """Fix every fixable hit that does not overlap another; None when none is left."""
-    hits = [hit for hit in analyze(tree, text, path) if hit.edits]
+    hits = [hit for hit in analyze(tree, text, path, exempt=exempt) if hit.edits]
     hits.sort(key=lambda hit: (hit.span[0], -hit.span[1]))
     disjoint: list[Hit] = []
     for hit in hits:

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from kvcompat._scan._fix import fix_source, scan_source
+from kvcompat._scan._analysis import analyze
+from kvcompat._scan._fix import fix_module, parse
+from kvcompat._scan._models import ModelScope, ModuleFacts, module_facts
 from kvcompat._scan._rules import RULES, Finding
 from kvcompat._scan._source import split_lines
 
@@ -41,6 +43,9 @@ class ScanReport:
         errors: Paths and files that could not be checked (``KVC900`` … ``KVC903``).
         files: How many Python files were checked (read and parsed).
         fixed: How many findings ``--fix`` rewrote (0 when not fixing).
+        model_code: How many accesses were not reported because they are in model
+            definitions, which run only on their own architecture's pool (see
+            ``docs/scan.md``); ``include_models=True`` / ``--include-models`` reports them.
 
     Example:
         >>> import pathlib, tempfile
@@ -56,6 +61,7 @@ class ScanReport:
     errors: tuple[Finding, ...] = ()
     files: int = 0
     fixed: int = 0
+    model_code: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -99,6 +105,12 @@ class ScanReport:
             found = f"no unguarded pool accesses in {files}"
         if self.fixed:
             found = f"fixed {_plural(self.fixed, 'finding')}; remaining: {found}"
+        if self.model_code:
+            accesses = "access" if self.model_code == 1 else "accesses"
+            found += (
+                f"; {self.model_code} {accesses} in model definitions not reported"
+                " (--include-models shows them)"
+            )
         if self.errors:
             found += f"; {_plural(len(self.errors), 'path')} could not be checked (KVC9xx)"
         return f"kvcompat scan: {found}."
@@ -108,13 +120,15 @@ class ScanReport:
 
         Example:
             >>> from kvcompat.scan import ScanReport
-            >>> sorted(ScanReport(findings=()).to_json())
-            ['errors', 'exit_code', 'files', 'findings', 'fixed', 'rules', 'summary', 'version']
+            >>> sorted(ScanReport(findings=()).to_json())  # doctest: +NORMALIZE_WHITESPACE
+            ['errors', 'exit_code', 'files', 'findings', 'fixed', 'model_code', 'rules',
+             'summary', 'version']
         """
         return {
             "version": _JSON_VERSION,
             "files": self.files,
             "fixed": self.fixed,
+            "model_code": self.model_code,
             "exit_code": self.exit_code,
             "summary": self.summary(),
             "findings": [dataclasses.asdict(finding) for finding in self.findings],
@@ -148,11 +162,13 @@ def _excluded(path: str, patterns: Sequence[str]) -> bool:
     )
 
 
-def _walk(root: str, patterns: Sequence[str], errors: list[Finding]) -> Iterator[str]:
+def _walk(
+    root: str, patterns: Sequence[str], errors: list[Finding], excluded: list[str]
+) -> Iterator[str]:
     """The ``.py`` files under ``root``, sorted, skipping hidden and tool directories.
 
     A directory that cannot be listed is reported in ``errors`` (``KVC902``), never
-    skipped silently.
+    skipped silently. What an ``exclude`` pattern skips is added to ``excluded``.
     """
 
     def unlisted(exc: OSError) -> None:
@@ -160,16 +176,23 @@ def _walk(root: str, patterns: Sequence[str], errors: list[Finding]) -> Iterator
         errors.append(_missing(where, f"cannot list directory: {exc.strerror or exc}"))
 
     for directory, subdirs, files in os.walk(root, onerror=unlisted):
-        subdirs[:] = sorted(
-            name
-            for name in subdirs
-            if not name.startswith(".")
-            and name not in _SKIPPED_DIRS
-            and not _excluded(os.path.normpath(os.path.join(directory, name)), patterns)
-        )
+        kept = []
+        for name in sorted(subdirs):
+            if name.startswith(".") or name in _SKIPPED_DIRS:
+                continue
+            path = os.path.normpath(os.path.join(directory, name))
+            if _excluded(path, patterns):
+                excluded.append(path)
+            else:
+                kept.append(name)
+        subdirs[:] = kept
         for name in sorted(files):
             path = os.path.normpath(os.path.join(directory, name))
-            if name.endswith(".py") and not _excluded(path, patterns):
+            if not name.endswith(".py"):
+                continue
+            if _excluded(path, patterns):
+                excluded.append(path)
+            else:
                 yield path
 
 
@@ -179,15 +202,14 @@ def _missing(path: str, why: str) -> Finding:
 
 
 def _files(
-    paths: Iterable[str | os.PathLike[str]], patterns: Sequence[str]
+    paths: Iterable[str], patterns: Sequence[str], excluded: list[str]
 ) -> tuple[list[str], list[Finding]]:
     files: list[str] = []
     errors: list[Finding] = []
     seen: set[str] = set()
-    for given in paths:
-        path = os.fspath(given)
+    for path in paths:
         if os.path.isdir(path):
-            found: Iterable[str] = _walk(path, patterns, errors)
+            found: Iterable[str] = _walk(path, patterns, errors, excluded)
         elif os.path.isfile(path):
             found = [path]
         elif os.path.islink(path) and not os.path.exists(path):
@@ -321,27 +343,52 @@ def _read(path: str, max_bytes: int = MAX_BYTES) -> tuple[str, str] | Finding:
     return _decode(path, data)
 
 
-def _process(path: str, mode: _Mode, max_bytes: int = MAX_BYTES) -> _FileResult:
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """One file read, parsed and checked: what the fix pass needs of it afterwards."""
+
+    path: str
+    text: str
+    encoding: str
+    findings: list[Finding]
+    facts: ModuleFacts
+
+
+def _check(path: str, max_bytes: int) -> _Checked | Finding:
     decoded = _read(path, max_bytes)
     if isinstance(decoded, Finding):
-        return _FileResult([], [decoded])
+        return decoded
     text, encoding = decoded
-    found = scan_source(text, path)
-    errors = [f for f in found if f.is_error]
-    before = [f for f in found if not f.is_error]
-    if mode == "check" or errors or not any(f.fixable for f in before):
-        return _FileResult(before, errors)
-    fixed, remaining = fix_source(text, path)
+    tree = parse(text, path)
+    if isinstance(tree, Finding):
+        return tree
+    findings = [hit.finding for hit in analyze(tree, text, path)]
+    facts = module_facts(tree, text, os.path.realpath(path))
+    return _Checked(path, text if findings else "", encoding, findings, facts)
+
+
+def _fix_file(checked: _Checked, mode: _Mode, exempt: frozenset[str]) -> _FileResult:
+    path, text, before = checked.path, checked.text, checked.findings
+    fixed, remaining = fix_module(text, path, exempt=exempt)
     if fixed == text:
         return _FileResult(remaining, [])
     if mode == "diff":  # nothing is written, so every finding is still in the file
         return _FileResult(before, [], diff=_diff(path, text, fixed))
     try:
-        Path(path).write_bytes(fixed.encode(encoding))
+        Path(path).write_bytes(fixed.encode(checked.encoding))
     except OSError as exc:
         message = f"cannot write the fix: {exc.strerror or exc}; check the file's permissions"
         return _FileResult(before, [Finding(path, 0, 0, "KVC902", message, fixable=False)])
     return _FileResult(remaining, [], fixed=len(before) - len(remaining))
+
+
+def _model_code(checked: _Checked, scope: ModelScope) -> frozenset[str] | None:
+    """The top-level defs of a file that are model code; None when the whole module is."""
+    real = os.path.realpath(checked.path)
+    if scope.is_model_code(real):
+        return None
+    names = {checked.facts.def_at(finding.line) for finding in checked.findings}
+    return frozenset(name for name in names if name is not None and scope.is_model_code(real, name))
 
 
 def _run(
@@ -350,25 +397,62 @@ def _run(
     exclude: Sequence[str],
     max_bytes: int = MAX_BYTES,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    include_models: bool = False,
 ) -> tuple[ScanReport, list[str]]:
-    files, errors = _files(paths, exclude)
-    findings: list[Finding] = []
-    diffs: list[str] = []
-    fixed = 0
-    checked = 0
+    given = [os.fspath(path) for path in paths]
+    excluded: list[str] = []
+    files, errors = _files(given, exclude, excluded)
+    checked: list[_Checked] = []
+    facts: dict[str, ModuleFacts] = {}
     for index, path in enumerate(files):
         if progress is not None:  # (files done, files in all), before each file and at the end
             progress(index, len(files))
-        result = _process(path, mode, max_bytes)
-        findings.extend(result.findings)
-        errors.extend(result.errors)
-        fixed += result.fixed
-        checked += not result.errors
-        if result.diff:
-            diffs.append(result.diff)
+        result = _check(path, max_bytes)
+        if isinstance(result, Finding):
+            errors.append(result)
+            continue
+        checked.append(result)
+        facts.setdefault(os.path.realpath(path), result.facts)
     if progress is not None:
         progress(len(files), len(files))
-    report = ScanReport(findings=tuple(findings), errors=tuple(errors), files=checked, fixed=fixed)
+    # Model code through importers needs every module of a package read: a directory
+    # scanned whole, less what was excluded or could not be read, holds them.
+    roots = [os.path.realpath(path) for path in given if os.path.isdir(path)]
+    holes = [os.path.realpath(path) for path in (*excluded, *(e.path for e in errors))]
+    scope = ModelScope(facts, roots, holes)
+    findings: list[Finding] = []
+    diffs: list[str] = []
+    fixed = model_code = unwritten = 0
+    for file in checked:
+        if not file.findings:
+            continue
+        exempt = frozenset() if include_models else _model_code(file, scope)
+        if exempt is None:  # the whole module is model code
+            model_code += len(file.findings)
+            continue
+        kept = file
+        if exempt:
+            left = [f for f in file.findings if file.facts.def_at(f.line) not in exempt]
+            model_code += len(file.findings) - len(left)
+            kept = dataclasses.replace(file, findings=left)
+        if mode == "check" or not any(f.fixable for f in kept.findings):
+            findings.extend(kept.findings)
+            continue
+        outcome = _fix_file(kept, mode, exempt)
+        findings.extend(outcome.findings)
+        errors.extend(outcome.errors)
+        fixed += outcome.fixed
+        unwritten += bool(outcome.errors)
+        if outcome.diff:
+            diffs.append(outcome.diff)
+    report = ScanReport(
+        findings=tuple(findings),
+        errors=tuple(errors),
+        files=len(checked) - unwritten,
+        fixed=fixed,
+        model_code=model_code,
+    )
     return report, diffs
 
 
@@ -377,6 +461,7 @@ def scan_paths(
     *,
     exclude: Sequence[str] = (),
     max_bytes: int = MAX_BYTES,
+    include_models: bool = False,
 ) -> ScanReport:
     r"""Scan Python files and directories (recursively) without changing them.
 
@@ -390,6 +475,10 @@ def scan_paths(
         paths: Files and directories.
         exclude: Glob patterns of paths to skip while walking directories.
         max_bytes: Larger files are reported as ``KVC903``, not read.
+        include_models: Also report accesses in model definitions: modules that
+            register model classes (``EntryClass``) and code only they import, among
+            the scanned files. They run only on their own architecture's pool, so by
+            default they are counted in :attr:`ScanReport.model_code`, not reported.
 
     Returns:
         The report. Missing paths, unreadable files, files that are not valid
@@ -405,7 +494,7 @@ def scan_paths(
         >>> report.files, report.exit_code, report.errors[0].code
         (1, 2, 'KVC902')
     """
-    return _run(paths, "check", exclude, max_bytes)[0]
+    return _run(paths, "check", exclude, max_bytes, include_models=include_models)[0]
 
 
 # -- command line ---------------------------------------------------------------
@@ -451,6 +540,12 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="GLOB",
         help="skip files and directories matching GLOB while walking (repeatable)",
+    )
+    parser.add_argument(
+        "--include-models",
+        action="store_true",
+        help="also report accesses in model definitions (modules that set EntryClass, "
+        "and code only they import), which by default are counted, not reported",
     )
     parser.add_argument(
         "--max-bytes",
@@ -509,7 +604,14 @@ def main(
         _write(sys.stderr, message)
         return 2
     mode: _Mode = "fix" if args.fix else "diff" if args.diff else "check"
-    report, diffs = _run(args.paths, mode, args.exclude, args.max_bytes, progress)
+    report, diffs = _run(
+        args.paths,
+        mode,
+        args.exclude,
+        args.max_bytes,
+        progress,
+        include_models=args.include_models,
+    )
     if args.format == "json":
         _write(sys.stdout, json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
         return report.exit_code
