@@ -32,6 +32,7 @@ from kvcompat._scan._syntax import (
     last_name,
     parameters,
     prefixes,
+    top_level_defs,
 )
 
 __all__ = ["FIX_ADAPTER", "FIX_HELPERS", "Edit", "Hit", "analyze"]
@@ -1233,14 +1234,7 @@ def _lines_of(tree: ast.Module, names: frozenset[str]) -> list[tuple[int, int]]:
     """The lines (decorators included) of the module's top-level defs named in ``names``."""
     if not names:
         return []
-    return [
-        (
-            min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)]),
-            stmt.end_lineno or stmt.lineno,
-        )
-        for stmt in tree.body
-        if isinstance(stmt, (*FUNCTIONS, ast.ClassDef)) and stmt.name in names
-    ]
+    return [(first, last) for name, first, last in top_level_defs(tree) if name in names]
 
 
 def analyze(

@@ -29,7 +29,7 @@ import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
-from kvcompat._scan._syntax import FUNCTIONS
+from kvcompat._scan._syntax import top_level_defs
 
 __all__ = ["ModelScope", "ModuleFacts", "module_facts"]
 
@@ -155,16 +155,7 @@ def module_facts(tree: ast.Module, text: str, real_path: str) -> ModuleFacts:
         if isinstance(stmt, (ast.Import, ast.ImportFrom))
         for reference in _references(stmt, directory)
     )
-    defs = tuple(
-        (
-            stmt.name,
-            min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)]),
-            stmt.end_lineno or stmt.lineno,
-        )
-        for stmt in tree.body
-        if isinstance(stmt, (*FUNCTIONS, ast.ClassDef))
-    )
-    return ModuleFacts(key, _registers(tree, text), references, defs)
+    return ModuleFacts(key, _registers(tree, text), references, tuple(top_level_defs(tree)))
 
 
 def _names(reference: _Reference, target: tuple[str, ...]) -> bool:

@@ -16,6 +16,7 @@ __all__ = [
     "last_name",
     "parameters",
     "prefixes",
+    "top_level_defs",
 ]
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -86,3 +87,19 @@ def parameters(args: ast.arguments) -> Iterator[ast.arg]:
     yield from args.kwonlyargs
     if args.kwarg is not None:
         yield args.kwarg
+
+
+def top_level_defs(tree: ast.Module) -> Iterator[tuple[str, int, int]]:
+    r"""The module's top-level functions and classes: (name, first line, last line).
+
+    The first line is that of the first decorator, if any.
+
+    Example:
+        >>> import ast
+        >>> list(top_level_defs(ast.parse("x = 1\n@cache\ndef f():\n    pass\n")))
+        [('f', 2, 4)]
+    """
+    for stmt in tree.body:
+        if isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
+            first = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
+            yield stmt.name, first, stmt.end_lineno or stmt.lineno
