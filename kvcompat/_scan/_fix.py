@@ -115,6 +115,8 @@ def scan_source(source: str, path: str = "<string>") -> list[Finding]:
     Returns:
         The findings in source order. A module that does not parse gives one
         ``KVC900`` finding instead (this function never raises on bad input).
+        Accesses in model definitions are reported too: telling those apart needs
+        the module's importers, which :func:`~kvcompat.scan.scan_paths` reads.
 
     Example:
         >>> from kvcompat.scan import scan_source

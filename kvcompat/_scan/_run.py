@@ -382,13 +382,17 @@ def _fix_file(checked: _Checked, mode: _Mode, exempt: frozenset[str]) -> _FileRe
     return _FileResult(remaining, [], fixed=len(before) - len(remaining))
 
 
-def _model_code(checked: _Checked, scope: ModelScope) -> frozenset[str] | None:
-    """The top-level defs of a file that are model code; None when the whole module is."""
-    real = os.path.realpath(checked.path)
-    if scope.is_model_code(real):
-        return None
-    names = {checked.facts.def_at(finding.line) for finding in checked.findings}
-    return frozenset(name for name in names if name is not None and scope.is_model_code(real, name))
+def _without_model_code(file: _Checked, scope: ModelScope) -> tuple[_Checked, frozenset[str]]:
+    """The file less its findings in model code, and its top-level defs that are model code."""
+    real = os.path.realpath(file.path)
+    if scope.is_model_code(real):  # the whole module
+        return dataclasses.replace(file, findings=[]), frozenset()
+    names = {file.facts.def_at(finding.line) for finding in file.findings}
+    exempt = frozenset(name for name in names if name and scope.is_model_code(real, name))
+    if not exempt:
+        return file, exempt
+    left = [finding for finding in file.findings if file.facts.def_at(finding.line) not in exempt]
+    return dataclasses.replace(file, findings=left), exempt
 
 
 def _run(
@@ -427,15 +431,8 @@ def _run(
     for file in checked:
         if not file.findings:
             continue
-        exempt = frozenset() if include_models else _model_code(file, scope)
-        if exempt is None:  # the whole module is model code
-            model_code += len(file.findings)
-            continue
-        kept = file
-        if exempt:
-            left = [f for f in file.findings if file.facts.def_at(f.line) not in exempt]
-            model_code += len(file.findings) - len(left)
-            kept = dataclasses.replace(file, findings=left)
+        kept, exempt = (file, frozenset()) if include_models else _without_model_code(file, scope)
+        model_code += len(file.findings) - len(kept.findings)
         if mode == "check" or not any(f.fixable for f in kept.findings):
             findings.extend(kept.findings)
             continue
