@@ -26,7 +26,7 @@ from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, RULES, Finding, m
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
 from kvcompat._scan._syntax import (
     FUNCTIONS,
-    class_attributes,
+    assigned_names,
     expr_key,
     is_self,
     last_name,
@@ -394,7 +394,7 @@ class _Binder:
         bases = tuple(last_name(base) for base in node.bases)
         info = _Class(name=node.name, methods=methods, bases=bases)
         info.defs.update((stmt.name, stmt) for stmt in node.body if isinstance(stmt, FUNCTIONS))
-        info.assigned.update(class_attributes(node))  # ``k_buffer = None`` belongs to it
+        info.assigned.update(assigned_names(node.body))  # ``k_buffer = None`` belongs to it
         self.classes[node] = info
         inner = _Scope(parent=scope, is_class=True)
         self.scopes[node] = inner

@@ -11,8 +11,9 @@ narrow it for wrappers:
 * a module, or one top-level function or class of a module, that only model definitions
   import is model code too (``models/inkling_common/attn.py``, imported by
   ``models/inkling.py`` alone; ``create_fused_set_kv_buffer_arg`` of ``models/utils.py``,
-  imported by name only by model modules). Importers count only when they are among the
-  scanned files, so a partial scan reports more, never less;
+  imported by name only by model modules). Importers count only when the scan read the
+  module's whole package (:meth:`ModelScope._covered`), so a partial scan reports more,
+  never less;
 * a module that reads ``.architectures`` (``config.architectures``) picks among several
   architectures at run time, a wrapper such as SGLang's MindSpore model, and is not model
   code: it can be handed any of their pools.
@@ -29,7 +30,7 @@ import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
-from kvcompat._scan._syntax import top_level_defs
+from kvcompat._scan._syntax import assigned_names, statements, top_level_defs
 
 __all__ = ["ModelScope", "ModuleFacts", "module_facts"]
 
@@ -70,22 +71,6 @@ class ModuleFacts:
         return None
 
 
-def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """Every statement, nested blocks and defs included (imports are statements)."""
-    stack = list(reversed(body))
-    while stack:
-        stmt = stack.pop()
-        yield stmt
-        nested: list[ast.stmt] = []
-        for field in ("body", "orelse", "finalbody"):
-            children = getattr(stmt, field, None)
-            if isinstance(children, list):
-                nested.extend(child for child in children if isinstance(child, ast.stmt))
-        for clause in (*getattr(stmt, "handlers", []), *getattr(stmt, "cases", [])):
-            nested.extend(clause.body)
-        stack.extend(reversed(nested))
-
-
 def _parts(real_path: str) -> tuple[str, ...]:
     return tuple(part for part in real_path.replace("\\", "/").split("/") if part)
 
@@ -117,21 +102,9 @@ def _references(
 
 
 def _registers(tree: ast.Module, text: str) -> bool:
-    if _REGISTRY_NAME not in text:
+    if _REGISTRY_NAME not in text or _REGISTRY_NAME not in assigned_names(tree.body):
         return False
-    assigned = False
-    for stmt in tree.body:
-        targets = (
-            stmt.targets
-            if isinstance(stmt, ast.Assign)
-            else [stmt.target]
-            if isinstance(stmt, ast.AnnAssign)
-            else []
-        )
-        assigned |= any(isinstance(t, ast.Name) and t.id == _REGISTRY_NAME for t in targets)
-    if not assigned or _DISPATCH_ATTRIBUTE not in text:
-        return assigned
-    return not any(
+    return _DISPATCH_ATTRIBUTE not in text or not any(
         isinstance(node, ast.Attribute) and node.attr == _DISPATCH_ATTRIBUTE
         for node in ast.walk(tree)
     )
@@ -151,7 +124,7 @@ def module_facts(tree: ast.Module, text: str, real_path: str) -> ModuleFacts:
     directory = key if os.path.basename(real_path) == "__init__.py" else key[:-1]
     references = tuple(
         reference
-        for stmt in _statements(tree.body)
+        for stmt in statements(tree.body, into_defs=True)
         if isinstance(stmt, (ast.Import, ast.ImportFrom))
         for reference in _references(stmt, directory)
     )

@@ -36,18 +36,20 @@ from __future__ import annotations
 import ast
 import copy
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from kvcompat._scan._rules import RULES
 from kvcompat._scan._syntax import (
     FUNCTIONS,
     Function,
-    class_attributes,
+    assigned_names,
+    blocks,
     expr_key,
     is_self,
     key_rooted_at_self,
     last_name,
     parameters,
+    statements,
 )
 
 __all__ = ["MHA_ONLY_ATTRIBUTES", "POSITIVE_CLASSES", "Known", "ProbeIndex"]
@@ -104,27 +106,6 @@ def _never_true(expr: ast.expr | None) -> bool:
     return expr is None or (isinstance(expr, ast.Constant) and not expr.value)
 
 
-def _blocks(stmt: ast.stmt) -> Iterator[list[ast.stmt]]:
-    """The statement lists nested in a compound statement (not in a def or class)."""
-    for field in ("body", "orelse", "finalbody"):
-        children = getattr(stmt, field, None)
-        if isinstance(children, list) and all(isinstance(c, ast.stmt) for c in children):
-            yield children
-    for clause in (*getattr(stmt, "handlers", []), *getattr(stmt, "cases", [])):
-        yield clause.body
-
-
-def _own_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements of a function body, nested blocks included, nested defs not."""
-    stack = list(reversed(body))
-    while stack:
-        stmt = stack.pop()
-        yield stmt
-        if not isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
-            for block in reversed(list(_blocks(stmt))):
-                stack.extend(reversed(block))
-
-
 class _Frame:
     """A function being read: its parameters' arguments and its single-assigned locals."""
 
@@ -143,7 +124,7 @@ class _Frame:
         )
         # A parameter assigned later holds the argument until then: not a single value.
         stores.update(param.arg for param in parameters(function.args))
-        for stmt in _own_statements(function.body):
+        for stmt in statements(function.body):
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                 target = stmt.targets[0]
                 if isinstance(target, ast.Name) and stores[target.id] == 1:
@@ -277,7 +258,7 @@ class ProbeIndex:
         if isinstance(func, ast.Name):
             function = frame.function
             if isinstance(function, FUNCTIONS):
-                for stmt in _own_statements(function.body):
+                for stmt in statements(function.body):
                     if isinstance(stmt, FUNCTIONS) and stmt.name == func.id:
                         return stmt, 0
             return self.functions.get(func.id), 0
@@ -314,7 +295,7 @@ class ProbeIndex:
                     )
                     stack.append((stmt.orelse, around))
                 elif not isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
-                    stack.extend((block, around) for block in _blocks(stmt))
+                    stack.extend((block, around) for block in blocks(stmt))
         return result or {}
 
     def _value(self, expr: ast.expr, frame: _Frame, cls: ast.ClassDef | None, depth: int) -> Known:
@@ -351,7 +332,7 @@ class ProbeIndex:
         for method in cls.body:
             if not isinstance(method, FUNCTIONS):
                 continue
-            for stmt in _own_statements(method.body):
+            for stmt in statements(method.body):
                 targets: list[ast.expr] = []
                 value: ast.expr | None = None
                 if isinstance(stmt, ast.Assign):
@@ -364,7 +345,7 @@ class ProbeIndex:
                         if isinstance(node, ast.Attribute) and is_self(node.value):
                             plain = value if node is target else None
                             found.setdefault(node.attr, []).append((plain, method))
-        for name in class_attributes(cls):  # a class attribute is an assignment too
+        for name in assigned_names(cls.body):  # a class attribute is an assignment too
             found.setdefault(name, []).append((None, None))
         self._assigned[id(cls)] = found
         return found

@@ -348,7 +348,8 @@ class _Checked:
     """One file read, parsed and checked: what the fix pass needs of it afterwards."""
 
     path: str
-    text: str
+    real: str  # os.path.realpath(path): how the model-code pass names the module
+    text: str  # kept only when there are findings, for --fix and --diff
     encoding: str
     findings: list[Finding]
     facts: ModuleFacts
@@ -363,8 +364,9 @@ def _check(path: str, max_bytes: int) -> _Checked | Finding:
     if isinstance(tree, Finding):
         return tree
     findings = [hit.finding for hit in analyze(tree, text, path)]
-    facts = module_facts(tree, text, os.path.realpath(path))
-    return _Checked(path, text if findings else "", encoding, findings, facts)
+    real = os.path.realpath(path)
+    facts = module_facts(tree, text, real)
+    return _Checked(path, real, text if findings else "", encoding, findings, facts)
 
 
 def _fix_file(checked: _Checked, mode: _Mode, exempt: frozenset[str]) -> _FileResult:
@@ -384,11 +386,10 @@ def _fix_file(checked: _Checked, mode: _Mode, exempt: frozenset[str]) -> _FileRe
 
 def _without_model_code(file: _Checked, scope: ModelScope) -> tuple[_Checked, frozenset[str]]:
     """The file less its findings in model code, and its top-level defs that are model code."""
-    real = os.path.realpath(file.path)
-    if scope.is_model_code(real):  # the whole module
+    if scope.is_model_code(file.real):  # the whole module
         return dataclasses.replace(file, findings=[]), frozenset()
     names = {file.facts.def_at(finding.line) for finding in file.findings}
-    exempt = frozenset(name for name in names if name and scope.is_model_code(real, name))
+    exempt = frozenset(name for name in names if name and scope.is_model_code(file.real, name))
     if not exempt:
         return file, exempt
     left = [finding for finding in file.findings if file.facts.def_at(finding.line) not in exempt]
@@ -417,21 +418,21 @@ def _run(
             errors.append(result)
             continue
         checked.append(result)
-        facts.setdefault(os.path.realpath(path), result.facts)
+        facts.setdefault(result.real, result.facts)
     if progress is not None:
         progress(len(files), len(files))
     # Model code through importers needs every module of a package read: a directory
     # scanned whole, less what was excluded or could not be read, holds them.
     roots = [os.path.realpath(path) for path in given if os.path.isdir(path)]
     holes = [os.path.realpath(path) for path in (*excluded, *(e.path for e in errors))]
-    scope = ModelScope(facts, roots, holes)
+    scope = None if include_models else ModelScope(facts, roots, holes)
     findings: list[Finding] = []
     diffs: list[str] = []
     fixed = model_code = unwritten = 0
     for file in checked:
         if not file.findings:
             continue
-        kept, exempt = (file, frozenset()) if include_models else _without_model_code(file, scope)
+        kept, exempt = (file, frozenset()) if scope is None else _without_model_code(file, scope)
         model_code += len(file.findings) - len(kept.findings)
         if mode == "check" or not any(f.fixable for f in kept.findings):
             findings.extend(kept.findings)

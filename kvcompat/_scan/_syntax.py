@@ -9,13 +9,15 @@ from collections.abc import Iterator
 __all__ = [
     "FUNCTIONS",
     "Function",
-    "class_attributes",
+    "assigned_names",
+    "blocks",
     "expr_key",
     "is_self",
     "key_rooted_at_self",
     "last_name",
     "parameters",
     "prefixes",
+    "statements",
     "top_level_defs",
 ]
 
@@ -31,9 +33,9 @@ def is_self(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Name) and expr.id == "self"
 
 
-def class_attributes(cls: ast.ClassDef) -> Iterator[str]:
-    """The names a class body assigns (``k_buffer = None``, ``a, b = 1, 2``)."""
-    for stmt in cls.body:
+def assigned_names(body: list[ast.stmt]) -> Iterator[str]:
+    """The names a class or module body assigns (``k_buffer = None``, ``a, b = 1, 2``)."""
+    for stmt in body:
         if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
@@ -103,3 +105,27 @@ def top_level_defs(tree: ast.Module) -> Iterator[tuple[str, int, int]]:
         if isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
             first = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
             yield stmt.name, first, stmt.end_lineno or stmt.lineno
+
+
+def blocks(stmt: ast.stmt) -> Iterator[list[ast.stmt]]:
+    """The statement lists nested in a statement: its body, else, finally, handlers, cases."""
+    for field in ("body", "orelse", "finalbody"):
+        children = getattr(stmt, field, None)
+        if isinstance(children, list) and all(isinstance(c, ast.stmt) for c in children):
+            yield children
+    for clause in (*getattr(stmt, "handlers", []), *getattr(stmt, "cases", [])):
+        yield clause.body
+
+
+def statements(body: list[ast.stmt], *, into_defs: bool = False) -> Iterator[ast.stmt]:
+    """The statements of a body in source order, nested blocks included.
+
+    The bodies of nested functions and classes are included only with ``into_defs``.
+    """
+    stack = list(reversed(body))
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if into_defs or not isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
+            for block in reversed(list(blocks(stmt))):
+                stack.extend(reversed(block))

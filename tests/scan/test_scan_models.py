@@ -249,6 +249,12 @@ def test_fix_leaves_model_code_alone(tmp_path: Path) -> None:
     assert "return _kvcompat_get_kv_buffer(pool, 0)" in fixed  # the generic helper: fixed
 
 
+def test_fix_with_include_models_rewrites_model_code_too(tmp_path: Path) -> None:
+    _tree(tmp_path, {"llama.py": READ + "EntryClass = [L]\n"})
+    assert main(["--fix", "--include-models", str(tmp_path)]) == 0
+    assert "return _kvcompat_get_value_buffer(pool, i)" in (tmp_path / "llama.py").read_text()
+
+
 def test_the_cli_says_what_it_did_not_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
