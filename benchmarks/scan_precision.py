@@ -7,15 +7,24 @@ it misses (FN), each with a one-line reason written after reading the code. Noth
 those packages is copied here: the files are scanned where they are installed
 (SGLang) or from the wheels pip downloads.
 
+``tests/scan/corpus/releases.json`` labels the code of the older SGLang releases the
+release matrix covers (0.5.12, 0.5.18, 0.5.20) that 0.5.23 does not have: every finding
+outside their tests whose line (path, rule, text, column in it) is not a labelled 0.5.23
+finding, each code counted once however many releases carry it. Those count for
+precision only: no one read the whole files for misses.
+
 Usage:
     python benchmarks/scan_precision.py                 # the installed sglang only
     python benchmarks/scan_precision.py --download      # and pip download the wheels
     python benchmarks/scan_precision.py --unpacked lmcache=DIR   # DIR: an unpacked wheel
+    python benchmarks/scan_precision.py --release 0.5.20=DIR     # an older SGLang, unpacked
 
 Prints one row per rule (TP, FP, FN, precision, recall) and the totals, on the whole
 corpus and without SGLang's model definitions, then the totals on the generic
-attention backends and on the model definitions; exits 1 if a finding has no label, a
-labelled TP/FP is no longer reported, or a file's hash differs from the label's.
+attention backends and on the model definitions, and with older releases given, their
+own code's scores alone and with the corpus; exits 1 if a finding has no label, a
+labelled TP/FP is no longer reported, or a file's (or wheel's) hash differs from the
+label's.
 """
 
 from __future__ import annotations
@@ -30,16 +39,24 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = REPO / "tests" / "scan" / "corpus" / "labels.json"
+RELEASE_LABELS = REPO / "tests" / "scan" / "corpus" / "releases.json"
 if str(REPO) not in sys.path:  # measure this checkout's scanner, not an installed kvcompat
     sys.path.insert(0, str(REPO))
 
 Key = tuple[str, str, int, int, str]  # package, path, line, col, rule
+# What a finding is, across releases: path, rule, the stripped source line and the column
+# in it. Line numbers move between releases; the same code at the same place does not.
+# The same line can occur more than once in a file (``set_kv_buffer(`` in several
+# methods): the last item numbers the occurrences of one text in the file, in line order.
+CodeKey = tuple[str, str, str, int, int]
+Where = tuple[str, int, int, str]  # path, line, col, rule: a finding in one release
 # Model definitions (SGLang's srt/models, a plugin's models package): code written for
 # one architecture, whose pool class the engine picks for it (invisible to a one-file scan).
 MODEL_GROUP = "model"
@@ -65,7 +82,7 @@ class Score:
 
 
 def load(path: Path = LABELS) -> dict[str, Any]:
-    """The labels document."""
+    """The labels document (``RELEASE_LABELS`` for the older releases' own code)."""
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
 
@@ -78,11 +95,14 @@ def package_root(name: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def download_wheel(requirement: str, wheel: str, into: Path, timeout: float = 180) -> Path:
+def download_wheel(
+    requirement: str, wheel: str, into: Path, timeout: float = 180, *, digest: str | None = None
+) -> Path:
     """``pip download`` one wheel (no dependencies) and unpack it; the unpacked root.
 
     Raises:
         RuntimeError: pip could not download it (no network, no such release).
+        ValueError: the wheel's SHA-256 is not ``digest`` (another build of the release).
     """
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
@@ -93,6 +113,9 @@ def download_wheel(requirement: str, wheel: str, into: Path, timeout: float = 18
     if done.returncode != 0 or not archive.is_file():
         msg = f"pip download {requirement} failed: {done.stderr.strip()[-400:]}"
         raise RuntimeError(msg)
+    if digest is not None and (got := sha256(archive)) != digest:
+        msg = f"{wheel}: SHA-256 {got}, the labels are for {digest}"
+        raise ValueError(msg)
     unpacked = into / "unpacked"
     with zipfile.ZipFile(archive) as zipped:
         zipped.extractall(unpacked)
@@ -149,6 +172,118 @@ def check(data: Mapping[str, Any], roots: Mapping[str, Path]) -> tuple[set[Key],
     return found, problems
 
 
+def is_test_code(path: str) -> bool:
+    """SGLang's own tests (``test/...``, ``test_*.py``): pools they build themselves."""
+    return path.startswith("test/") or path.rsplit("/", 1)[-1].startswith("test_")
+
+
+def _numbered(wheres: Iterable[Where], root: Path) -> dict[Where, CodeKey]:
+    """Each finding's release-independent key (``CodeKey``), for findings under ``root``."""
+    keys: dict[Where, CodeKey] = {}
+    seen: Counter[tuple[str, str, str, int]] = Counter()
+    texts: dict[str, list[str]] = {}
+    for where in sorted(set(wheres)):
+        path, line, col, rule = where
+        if path not in texts:
+            texts[path] = (root / path).read_text(encoding="utf-8").splitlines()
+        lines = texts[path]
+        raw = lines[line - 1] if 0 < line <= len(lines) else ""
+        code = (path, rule, raw.strip(), col - (len(raw) - len(raw.lstrip())))
+        keys[where] = (*code, seen[code])
+        seen[code] += 1
+    return keys
+
+
+def check_release(
+    data: Mapping[str, Any],
+    releases: Mapping[str, Any],
+    version: str,
+    root: Path,
+    base_root: Path,
+) -> tuple[dict[Where, CodeKey], list[str]]:
+    """Scan an older SGLang release whole; check its own findings against ``releases``.
+
+    A release's own findings are those outside its test code whose key (``CodeKey``:
+    path, rule, line text, column in it, occurrence) is not that of a labelled finding
+    of the base release (``data``'s ``sglang`` labels, read under ``base_root``). Each
+    must be labelled in ``releases`` for ``version`` at its line and column, with the
+    line's text and occurrence.
+
+    Returns:
+        The release's own findings (with their keys), and the problems: unlabelled
+        findings, labels no longer reported, labels whose text or occurrence is not
+        the release's.
+    """
+    from kvcompat.scan import scan_paths
+
+    labelled_base = [
+        (label["path"], label["line"], label["col"], label["rule"])
+        for label in data["labels"]
+        if label["package"] == "sglang" and label["label"] in ("TP", "FP")
+    ]
+    base = set(_numbered(labelled_base, base_root).values())
+    report = scan_paths([str(root)])
+    problems = [error.format() for error in report.errors]
+    found = [
+        (Path(f.path).resolve().relative_to(root.resolve()).as_posix(), f.line, f.col, f.code)
+        for f in report.findings
+    ]
+    own = {
+        where: key
+        for where, key in _numbered(found, root).items()
+        if not is_test_code(where[0]) and key not in base
+    }
+    labelled: dict[Where, tuple[str, int]] = {}
+    for label in releases["labels"]:
+        at = label["releases"].get(version)
+        if at is not None:
+            where = (label["path"], at["line"], at["col"], label["rule"])
+            labelled[where] = label["code"], label["occurrence"]
+    problems.extend(
+        f"sglang {version}: unlabelled finding: {_where(where)}"
+        for where in sorted(own.keys() - labelled.keys())
+    )
+    for where, (text, occurrence) in sorted(labelled.items()):
+        if where not in own:
+            problems.append(f"sglang {version}: labelled but not reported: {_where(where)}")
+        elif (own[where][2], own[where][4]) != (text, occurrence):
+            problems.append(
+                f"sglang {version}: {_where(where)} is occurrence {own[where][4]} of "
+                f"{own[where][2]!r}, labelled as occurrence {occurrence} of {text!r}"
+            )
+    return own, problems
+
+
+def release_scores(
+    releases: Mapping[str, Any],
+    versions: Iterable[str],
+    group: str | None = None,
+    *,
+    without: str | None = None,
+) -> dict[str, Score]:
+    """Per-rule scores of the older releases' own code: each labelled code counts once."""
+    wanted = set(versions)
+    counts: dict[str, dict[str, int]] = {}
+    for label in releases["labels"]:
+        if not wanted & label["releases"].keys():
+            continue
+        if (group is not None and label["group"] != group) or label["group"] == without:
+            continue
+        rule = counts.setdefault(label["rule"], {"TP": 0, "FP": 0, "FN": 0})
+        rule[label["label"]] += 1
+    return {rule: Score(tp=c["TP"], fp=c["FP"], fn=c["FN"]) for rule, c in sorted(counts.items())}
+
+
+def combined(*parts: Mapping[str, Score]) -> dict[str, Score]:
+    """Per-rule sums of several score tables."""
+    out: dict[str, Score] = {}
+    for part in parts:
+        for rule, score in part.items():
+            was = out.get(rule, Score())
+            out[rule] = Score(tp=was.tp + score.tp, fp=was.fp + score.fp, fn=was.fn + score.fn)
+    return dict(sorted(out.items()))
+
+
 def scores(
     data: Mapping[str, Any],
     packages: Iterable[str],
@@ -183,8 +318,13 @@ def total(per_rule: Mapping[str, Score]) -> Score:
     )
 
 
-def table(per_rule: Mapping[str, Score]) -> str:
-    """A Markdown table: rule, TP, FP, FN, precision, recall."""
+def table(per_rule: Mapping[str, Score], *, recall: bool = True) -> str:
+    """A Markdown table: rule, TP, FP, FN, precision, recall (or TP, FP, precision only)."""
+    if not recall:
+        rows = ["| Rule | TP | FP | Precision |", "|---|---|---|---|"]
+        for rule, score in (*per_rule.items(), ("all", total(per_rule))):
+            rows.append(f"| {rule} | {score.tp} | {score.fp} | {_percent(score.precision)} |")
+        return "\n".join(rows)
     rows = ["| Rule | TP | FP | FN | Precision | Recall |", "|---|---|---|---|---|---|"]
     for rule, score in (*per_rule.items(), ("all", total(per_rule))):
         rows.append(
@@ -200,6 +340,11 @@ def _percent(value: float | None) -> str:
 
 def _key(label: Mapping[str, Any]) -> Key:
     return label["package"], label["path"], label["line"], label["col"], label["rule"]
+
+
+def _where(where: Where) -> str:
+    path, line, col, rule = where
+    return f"{path}:{line}:{col} {rule}"
 
 
 def _show(key: Key) -> str:
@@ -222,14 +367,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PACKAGE=DIR",
         help="a wheel of the corpus, already unpacked into DIR (repeatable)",
     )
+    parser.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="VERSION=DIR",
+        help="an older SGLang release's wheel, already unpacked into DIR (repeatable)",
+    )
     parser.add_argument("--download", action="store_true", help="pip download the wheels not given")
     args = parser.parse_args(argv)
     data = load()
+    releases = load(RELEASE_LABELS)
     roots: dict[str, Path] = {}
     sglang = package_root("sglang")
     if sglang is not None:
         roots["sglang"] = sglang
     given = dict(item.split("=", 1) for item in args.unpacked)
+    given_releases = dict(item.split("=", 1) for item in args.release)
+    release_roots: dict[str, Path] = {}
+    problems: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, info in sorted(data["packages"].items()):
             if "wheel" not in info:
@@ -241,7 +397,22 @@ def main(argv: list[str] | None = None) -> int:
                 into.mkdir()
                 requirement = f"{name}=={info['version']}"
                 roots[name] = wheel_root(info, download_wheel(requirement, info["wheel"], into))
+        for version, info in sorted(releases["releases"].items()):
+            if version in given_releases:
+                release_roots[version] = Path(given_releases[version]) / "sglang"
+            elif args.download:
+                into = Path(tmp) / f"sglang-{version}"
+                into.mkdir()
+                unpacked = download_wheel(
+                    f"sglang=={version}", info["wheel"], into, digest=info["sha256"]
+                )
+                release_roots[version] = unpacked / "sglang"
         _, problems = check(data, roots)
+        if release_roots and sglang is None:
+            problems.append("the older releases are compared with an installed sglang: none")
+        elif release_roots:
+            for version, root in sorted(release_roots.items()):
+                problems += check_release(data, releases, version, root, roots["sglang"])[1]
     for problem in problems:
         print(f"corpus: {problem}", file=sys.stderr)
     print(f"packages scanned: {', '.join(sorted(roots)) or 'none'}\n")
@@ -259,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{name}: precision {_percent(score.precision)}, recall {_percent(score.recall)} "
             f"({score.tp} TP, {score.fp} FP, {score.fn} FN)"
         )
+    if release_roots:
+        versions = sorted(release_roots)
+        print(f"\nolder SGLang releases' own code ({', '.join(versions)}), precision only:\n")
+        print(table(release_scores(releases, versions), recall=False))
+        print("\nthe corpus and the older releases' own code together, precision only:\n")
+        together = combined(scores(data, roots), release_scores(releases, versions))
+        print(table(together, recall=False))
     return 1 if problems else 0
 
 
