@@ -263,15 +263,13 @@ def release_scores(
 ) -> dict[str, Score]:
     """Per-rule scores of the older releases' own code: each labelled code counts once."""
     wanted = set(versions)
-    counts: dict[str, dict[str, int]] = {}
-    for label in releases["labels"]:
-        if not wanted & label["releases"].keys():
-            continue
-        if (group is not None and label["group"] != group) or label["group"] == without:
-            continue
-        rule = counts.setdefault(label["rule"], {"TP": 0, "FP": 0, "FN": 0})
-        rule[label["label"]] += 1
-    return {rule: Score(tp=c["TP"], fp=c["FP"], fn=c["FN"]) for rule, c in sorted(counts.items())}
+    return _tally(
+        label
+        for label in releases["labels"]
+        if wanted & label["releases"].keys()
+        and (group is None or label["group"] == group)
+        and label["group"] != without
+    )
 
 
 def combined(*parts: Mapping[str, Score]) -> dict[str, Score]:
@@ -301,10 +299,17 @@ def scores(
         for entry in data["files"]
         if (group is None or entry["group"] == group) and entry["group"] != without
     }
+    return _tally(
+        label
+        for label in data["labels"]
+        if label["package"] in wanted and (label["package"], label["path"]) in in_group
+    )
+
+
+def _tally(labels: Iterable[Mapping[str, Any]]) -> dict[str, Score]:
+    """Per-rule counts of the labels' TP, FP and FN."""
     counts: dict[str, dict[str, int]] = {}
-    for label in data["labels"]:
-        if label["package"] not in wanted or (label["package"], label["path"]) not in in_group:
-            continue
+    for label in labels:
         rule = counts.setdefault(label["rule"], {"TP": 0, "FP": 0, "FN": 0})
         rule[label["label"]] += 1
     return {rule: Score(tp=c["TP"], fp=c["FP"], fn=c["FN"]) for rule, c in sorted(counts.items())}

@@ -69,13 +69,8 @@ def wheel(
     """(package, its unpacked root) for each wheel of the corpus, downloaded with pip."""
     name: str = request.param
     info = DATA["packages"][name]
-    try:
-        unpacked = scan_precision.download_wheel(
-            f"{name}=={info['version']}", info["wheel"], tmp_path_factory.mktemp(name)
-        )
-    except (RuntimeError, OSError) as exc:  # no network: the per-file hashes keep labels honest
-        pytest.skip(f"cannot download the {name} {info['version']} wheel: {exc}")
-    return name, scan_precision.wheel_root(info, Path(unpacked))
+    unpacked = _download(f"{name}=={info['version']}", info, tmp_path_factory.mktemp(name))
+    return name, scan_precision.wheel_root(info, unpacked)
 
 
 @pytest.fixture(scope="session", params=sorted(RELEASES["releases"]))
@@ -85,16 +80,18 @@ def release(
     """(version, its unpacked sglang) for each older release, downloaded with pip."""
     version: str = request.param
     info = RELEASES["releases"][version]
+    into = tmp_path_factory.mktemp(f"sglang-{version}")
+    return version, _download(f"sglang=={version}", info, into, digest=info["sha256"]) / "sglang"
+
+
+def _download(
+    requirement: str, info: dict[str, Any], into: Path, digest: str | None = None
+) -> Path:
+    """The unpacked wheel; skips without network (a wheel of another hash fails)."""
     try:
-        unpacked = scan_precision.download_wheel(
-            f"sglang=={version}",
-            info["wheel"],
-            tmp_path_factory.mktemp(f"sglang-{version}"),
-            digest=info["sha256"],
-        )
-    except (RuntimeError, OSError) as exc:  # no network; a wrong wheel (ValueError) fails
-        pytest.skip(f"cannot download the sglang {version} wheel: {exc}")
-    return version, Path(unpacked) / "sglang"
+        return Path(scan_precision.download_wheel(requirement, info["wheel"], into, digest=digest))
+    except (RuntimeError, OSError) as exc:  # no network: the per-file hashes keep labels honest
+        pytest.skip(f"cannot download {requirement}: {exc}")
 
 
 def test_the_labels_are_well_formed() -> None:
