@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trees import write_tree
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
@@ -196,18 +197,11 @@ def test_precision_and_recall_on_target(sglang_root: Path) -> None:
         assert rendered in docs
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text, encoding="utf-8")
-    return root
-
-
 def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
     """Own findings are the lines 0.5.23 lacks, counted by occurrence; tests are not."""
     read = "def f(pool):\n    return pool.get_value_buffer(0)\n"
-    base = _tree(tmp_path / "base", {"a.py": read})
-    release = _tree(
+    base = write_tree(tmp_path / "base", {"a.py": read})
+    release = write_tree(
         tmp_path / "old",
         {
             "a.py": read

@@ -10,24 +10,16 @@ and ``--fix`` leaves them as they are.
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trees import write_tree
 
 from kvcompat.scan import main, scan_paths
 
 READ = "def read(pool, i):\n    return pool.get_value_buffer(i)\n"
-
-
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return root
 
 
 def _reported(report_paths: list[str], root: Path) -> list[str]:
@@ -40,7 +32,7 @@ def _scan(root: Path, **options: bool) -> tuple[list[str], int]:
 
 
 def test_a_module_that_registers_models_is_not_reported(tmp_path: Path) -> None:
-    _tree(tmp_path, {"pkg/models/llama.py": READ + "EntryClass = [Llama]\n"})
+    write_tree(tmp_path, {"pkg/models/llama.py": READ + "EntryClass = [Llama]\n"})
     assert _scan(tmp_path) == ([], 1)
     assert _scan(tmp_path, include_models=True) == (["pkg/models/llama.py"], 0)
 
@@ -53,7 +45,7 @@ def test_a_module_that_registers_models_is_not_reported(tmp_path: Path) -> None:
     ],
 )
 def test_annotated_and_single_registrations_count(tmp_path: Path, registration: str) -> None:
-    _tree(tmp_path, {"m.py": READ + registration})
+    write_tree(tmp_path, {"m.py": READ + registration})
     assert _scan(tmp_path) == ([], 1)
 
 
@@ -67,13 +59,13 @@ def test_annotated_and_single_registrations_count(tmp_path: Path, registration: 
     ],
 )
 def test_only_a_module_level_entry_class_registers(tmp_path: Path, not_a_registration: str) -> None:
-    _tree(tmp_path, {"m.py": READ + not_a_registration})
+    write_tree(tmp_path, {"m.py": READ + not_a_registration})
     assert _scan(tmp_path) == (["m.py"], 0)
 
 
 def test_a_wrapper_that_reads_architectures_is_reported(tmp_path: Path) -> None:
     """Like SGLang's MindSpore model: one class that serves whatever architecture it is given."""
-    _tree(
+    write_tree(
         tmp_path,
         {
             "wrapper.py": READ
@@ -85,7 +77,7 @@ def test_a_wrapper_that_reads_architectures_is_reported(tmp_path: Path) -> None:
 
 
 def test_a_module_only_model_definitions_import_is_model_code(tmp_path: Path) -> None:
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/__init__.py": "",
@@ -98,7 +90,7 @@ def test_a_module_only_model_definitions_import_is_model_code(tmp_path: Path) ->
 
 
 def test_one_import_from_generic_code_keeps_it_reported(tmp_path: Path) -> None:
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/common/attn.py": READ,
@@ -110,7 +102,7 @@ def test_one_import_from_generic_code_keeps_it_reported(tmp_path: Path) -> None:
 
 
 def test_relative_imports_are_resolved(tmp_path: Path) -> None:
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/common/__init__.py": "",
@@ -126,7 +118,7 @@ def test_relative_imports_are_resolved(tmp_path: Path) -> None:
 
 def test_a_helper_imported_by_name_only_by_models_is_model_code(tmp_path: Path) -> None:
     """Like ``create_fused_set_kv_buffer_arg`` of SGLang's ``models/utils.py``."""
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/utils.py": READ + "def shared(pool):\n    return pool.get_kv_buffer(0)\n",
@@ -142,7 +134,7 @@ def test_a_helper_imported_by_name_only_by_models_is_model_code(tmp_path: Path) 
 def test_a_whole_module_import_from_generic_code_keeps_every_def_reported(
     tmp_path: Path,
 ) -> None:
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/utils.py": READ,
@@ -154,7 +146,7 @@ def test_a_whole_module_import_from_generic_code_keeps_every_def_reported(
 
 
 def test_an_import_cycle_without_a_model_is_reported(tmp_path: Path) -> None:
-    _tree(
+    write_tree(
         tmp_path,
         {
             "a.py": "import b\n" + READ,
@@ -165,7 +157,7 @@ def test_an_import_cycle_without_a_model_is_reported(tmp_path: Path) -> None:
 
 
 def test_chains_of_importers_are_followed(tmp_path: Path) -> None:
-    _tree(
+    write_tree(
         tmp_path,
         {
             "m/base.py": READ,
@@ -178,7 +170,7 @@ def test_chains_of_importers_are_followed(tmp_path: Path) -> None:
 
 def test_files_named_one_by_one_are_not_judged_by_importers(tmp_path: Path) -> None:
     """Pre-commit passes the changed files: their importers may be elsewhere."""
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/common.py": READ,
@@ -192,7 +184,7 @@ def test_files_named_one_by_one_are_not_judged_by_importers(tmp_path: Path) -> N
 
 def test_a_part_of_the_package_is_not_enough(tmp_path: Path) -> None:
     """Scanning ``pkg/models`` alone cannot see ``pkg/layers`` importing the helper."""
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/common.py": READ,
@@ -218,7 +210,7 @@ def test_a_package_with_a_file_left_out_is_not_judged_by_importers(
 ) -> None:
     """The one generic importer, ``pkg/layers/backend.py``, is not read."""
     backend = "from pkg.models.common import read\n" + ("" if parses else "def broken(:\n")
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/common.py": READ,
@@ -234,7 +226,7 @@ def test_a_package_with_a_file_left_out_is_not_judged_by_importers(
 
 
 def test_fix_leaves_model_code_alone(tmp_path: Path) -> None:
-    _tree(
+    write_tree(
         tmp_path,
         {
             "pkg/models/utils.py": READ + "def shared(pool):\n    return pool.get_kv_buffer(0)\n",
@@ -250,7 +242,7 @@ def test_fix_leaves_model_code_alone(tmp_path: Path) -> None:
 
 
 def test_fix_with_include_models_rewrites_model_code_too(tmp_path: Path) -> None:
-    _tree(tmp_path, {"llama.py": READ + "EntryClass = [L]\n"})
+    write_tree(tmp_path, {"llama.py": READ + "EntryClass = [L]\n"})
     assert main(["--fix", "--include-models", str(tmp_path)]) == 0
     assert "return _kvcompat_get_value_buffer(pool, i)" in (tmp_path / "llama.py").read_text()
 
@@ -258,7 +250,7 @@ def test_fix_with_include_models_rewrites_model_code_too(tmp_path: Path) -> None
 def test_the_cli_says_what_it_did_not_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _tree(tmp_path, {"llama.py": READ + "EntryClass = [L]\n", "backend.py": READ})
+    write_tree(tmp_path, {"llama.py": READ + "EntryClass = [L]\n", "backend.py": READ})
     assert main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "backend.py:2:" in out
@@ -274,7 +266,7 @@ def test_the_cli_says_what_it_did_not_report(
 
 
 def test_files_without_findings_do_not_count(tmp_path: Path) -> None:
-    _tree(tmp_path, {"llama.py": "EntryClass = [L]\n", "backend.py": "import kvcompat\n"})
+    write_tree(tmp_path, {"llama.py": "EntryClass = [L]\n", "backend.py": "import kvcompat\n"})
     report = scan_paths([tmp_path])
     assert (report.findings, report.model_code, report.files) == ((), 0, 2)
     assert report.summary() == "kvcompat scan: no unguarded pool accesses in 2 files."
@@ -308,7 +300,7 @@ def test_scanning_part_of_a_tree_never_reports_less(
     sources = dict(_SOURCES)
     if drop_backend_import:
         sources["pkg/layers/backend.py"] = READ
-    root = _tree(tmp_path_factory.mktemp("tree"), sources)
+    root = write_tree(tmp_path_factory.mktemp("tree"), sources)
     whole = _found([root], root)
     part = _found([root / name for name in sorted(chosen)], root)
     scanned = {
