@@ -21,8 +21,9 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Sequence
 
+from kvcompat._scan._families import module_rules
 from kvcompat._scan._probes import MHA_ONLY_ATTRIBUTES, ProbeIndex
-from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, RULES, Finding, make_message
+from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, Finding, make_message
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
 from kvcompat._scan._syntax import (
     FUNCTIONS,
@@ -30,6 +31,7 @@ from kvcompat._scan._syntax import (
     expr_key,
     is_self,
     last_name,
+    operands,
     parameters,
     prefixes,
     top_level_defs,
@@ -105,26 +107,6 @@ _LAYOUT_NAMES = frozenset({*CALL_RULES, *ATTRIBUTE_RULES, "get_key_buffer"})
 # and MLX's own pools (``MlxAttentionKVPool``: ``k_buffer``/``v_buffer`` lists of
 # ``mx.array``), which none of the rules is about.
 _MLX = "mlx"
-# Pool classes that one model family builds, each with the rules whose access works
-# on it (SGLang 0.5.23; docs/scan.md): Qwen's QSA pool (a HybridLinearKVPool over
-# token-major MHA storage) and MiniMax's sparse pools (they forward get_value_buffer,
-# get_kv_buffer and set_kv_buffer to their main pool; only the bf16/fp8 one keeps
-# token rows, the NVFP4 main pool is packed page-major and the NPU one paged). A
-# module that imports one of them, and no class those rules break on, is that
-# family's backend or model: those accesses in it are not findings.
-_METHODS_WORK = frozenset({"KVC001", "KVC002", "KVC003"})
-# Code that has read an MHA-only attribute (_probes.MHA_ONLY_ATTRIBUTES) off a receiver,
-# unguarded, holds an MHA pool, which has k_buffer and v_buffer (TRT-LLM's native-FP4
-# helper reads the scales first).
-_FAMILY_POOLS: dict[str, frozenset[str]] = {
-    "QSATokenToKVPool": _METHODS_WORK | {"KVC006"},
-    "MiniMaxSparseKVPool": _METHODS_WORK | {"KVC006"},
-    "MiniMaxM3Nvfp4KVPool": _METHODS_WORK,
-    "NPUMiniMaxSparseKVPool": _METHODS_WORK,
-}
-_BREAKING_POOLS = frozenset(
-    name for code in (*_METHODS_WORK, "KVC006") for name in RULES[code].classes
-)
 _TORCH_POOL_MODULES = ("torch", "sglang.srt.mem_cache")
 
 FIX_HELPERS: dict[str, str] = {
@@ -517,12 +499,6 @@ def _single_when(expr: ast.expr, names: _Names) -> bool | None:
     return None
 
 
-def _operands(test: ast.expr, op: type[ast.boolop]) -> list[ast.expr]:
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, op):
-        return list(test.values)
-    return [test]
-
-
 def _exits(body: Sequence[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], _EXITS)
 
@@ -595,7 +571,7 @@ class _Walker:
         self.names = names
         self.binder = binder
         self.hits: list[Hit] = []
-        self.family_rules = _family_rules(tree)
+        self.family_rules = module_rules(tree)
         # hit index -> the class and ``self`` attribute its receiver is reached from;
         # the hit stands only if that attribute is not narrowed (see _Class.narrowed).
         self.through: dict[int, tuple[_Class, str]] = {}
@@ -662,8 +638,8 @@ class _Walker:
             ctx = dataclasses.replace(ctx, checked=ctx.checked | checked)
         if not self._mentions_detector(test, ctx):
             return ctx, ctx
-        single_if_true = any(_single_when(o, self.names) is True for o in _operands(test, ast.And))
-        single_if_false = any(_single_when(o, self.names) is False for o in _operands(test, ast.Or))
+        single_if_true = any(_single_when(o, self.names) is True for o in operands(test, ast.And))
+        single_if_false = any(_single_when(o, self.names) is False for o in operands(test, ast.Or))
         return (
             dataclasses.replace(ctx, guarded=not single_if_true),
             dataclasses.replace(ctx, guarded=not single_if_false),
@@ -1198,24 +1174,6 @@ def _imported_modules(tree: ast.Module) -> Iterator[str]:
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.module
-
-
-def _family_rules(tree: ast.Module) -> frozenset[str]:
-    """The rules that cannot fire in a module written for one model family's pool.
-
-    Empty unless the module imports a family's pool class (``_FAMILY_POOLS``) and
-    none of the classes the rules break on.
-    """
-    imported = {
-        alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-    families = [_FAMILY_POOLS[name] for name in sorted(imported & _FAMILY_POOLS.keys())]
-    if not families or imported & _BREAKING_POOLS:
-        return frozenset()
-    return frozenset.intersection(*families)
 
 
 def _mlx_only(tree: ast.Module) -> bool:

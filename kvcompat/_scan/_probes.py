@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ast
 import copy
-from collections import Counter
 from collections.abc import Mapping
 
 from kvcompat._scan._rules import RULES
@@ -48,7 +47,7 @@ from kvcompat._scan._syntax import (
     is_self,
     key_rooted_at_self,
     last_name,
-    parameters,
+    single_assignments,
     statements,
 )
 
@@ -114,21 +113,7 @@ class _Frame:
     ) -> None:
         self.function = function
         self.args = dict(args)
-        self.locals: dict[str, ast.expr] = {}
-        if not isinstance(function, FUNCTIONS):
-            return
-        stores = Counter(
-            node.id
-            for node in ast.walk(function)
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
-        )
-        # A parameter assigned later holds the argument until then: not a single value.
-        stores.update(param.arg for param in parameters(function.args))
-        for stmt in statements(function.body):
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                target = stmt.targets[0]
-                if isinstance(target, ast.Name) and stores[target.id] == 1:
-                    self.locals[target.id] = stmt.value
+        self.locals = single_assignments(function) if isinstance(function, FUNCTIONS) else {}
 
     def resolve(self, expr: ast.expr, depth: int = 0) -> ast.expr:
         """``expr`` with its root name replaced by the argument or value it stands for."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from collections.abc import Iterator
 
 __all__ = [
@@ -15,8 +16,10 @@ __all__ = [
     "is_self",
     "key_rooted_at_self",
     "last_name",
+    "operands",
     "parameters",
     "prefixes",
+    "single_assignments",
     "statements",
     "top_level_defs",
 ]
@@ -129,3 +132,36 @@ def statements(body: list[ast.stmt], *, into_defs: bool = False) -> Iterator[ast
         if into_defs or not isinstance(stmt, (*FUNCTIONS, ast.ClassDef)):
             for block in reversed(list(blocks(stmt))):
                 stack.extend(reversed(block))
+
+
+def operands(test: ast.expr, op: type[ast.boolop]) -> list[ast.expr]:
+    """The operands of a ``test`` joined by ``op`` (``and``/``or``), or ``[test]``."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, op):
+        return list(test.values)
+    return [test]
+
+
+def single_assignments(function: Function) -> dict[str, ast.expr]:
+    r"""Local names a function assigns exactly once (``name = value``), with the value.
+
+    A parameter assigned in the body holds the argument until then, so it is not one.
+
+    Example:
+        >>> import ast
+        >>> source = "def f(p):\n    a = p.x\n    p = 1\n    b = 2\n    b = 3\n"
+        >>> sorted(single_assignments(ast.parse(source).body[0]))
+        ['a']
+    """
+    stores = Counter(
+        node.id
+        for node in ast.walk(function)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+    )
+    stores.update(param.arg for param in parameters(function.args))
+    found: dict[str, ast.expr] = {}
+    for stmt in statements(function.body):
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+            if isinstance(target, ast.Name) and stores[target.id] == 1:
+                found[target.id] = stmt.value
+    return found
