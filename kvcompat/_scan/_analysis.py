@@ -21,7 +21,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvcompat._scan._families import module_rules
+from kvcompat._scan._families import class_rules, module_rules
 from kvcompat._scan._probes import MHA_ONLY_ATTRIBUTES, ProbeIndex
 from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, Finding, make_message
 from kvcompat._scan._source import SourceText, Suppressions, parse_expression
@@ -572,6 +572,7 @@ class _Walker:
         self.binder = binder
         self.hits: list[Hit] = []
         self.family_rules = module_rules(tree)
+        self.class_family_rules: dict[int, frozenset[str]] = {}
         # hit index -> the class and ``self`` attribute its receiver is reached from;
         # the hit stands only if that attribute is not narrowed (see _Class.narrowed).
         self.through: dict[int, tuple[_Class, str]] = {}
@@ -658,7 +659,7 @@ class _Walker:
     ) -> bool:
         if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
             return True
-        if code in self.family_rules:
+        if code in self.family_rules or code in self._class_rules(ctx.cls):
             return True
         if ctx.checked and any(expr_key(prefix) in ctx.checked for prefix in prefixes(receiver)):
             return True
@@ -672,6 +673,15 @@ class _Walker:
         if isinstance(function, FUNCTIONS) and _FAMILY_WORDS & set(function.name.split("_")):
             return True
         return self.names.is_adapt_call(receiver) or self._kind(receiver, ctx) is _Kind.ADAPTED
+
+    def _class_rules(self, cls: _Class | None) -> frozenset[str]:
+        """The rules that cannot fire in ``cls``: its constructor refuses other families."""
+        if cls is None:
+            return frozenset()
+        rules = self.class_family_rules.get(id(cls))
+        if rules is None:
+            rules = self.class_family_rules[id(cls)] = class_rules(self.class_nodes[id(cls)])
+        return rules
 
     @staticmethod
     def _own(receiver: ast.expr, ctx: _Ctx) -> bool:

@@ -101,6 +101,10 @@ class Rule:
 _DSV4_SINGLE = ("DeepSeekV4SingleKVPool", "DeepSeekV4UniformFP8KVPool", "HiSparseC4DevicePool")
 _DSV4_OTHER = ("DeepSeekV4IndexerPool", "DeepSeekV4TokenToKVPool")
 _KEY_ONLY = ("MHATokenToKOnlyPool",)
+DSV4_POOLS = frozenset(_DSV4_SINGLE + _DSV4_OTHER)
+"""SGLang 0.5.23's DeepSeek-V4 pool classes that break a rule."""
+KEY_ONLY_POOLS = frozenset(_KEY_ONLY)
+"""SGLang 0.5.23's key-only pool classes (an index-key sub-pool of another pool)."""
 _READ_HINT = "kvcompat.adapt({recv}).get_key_buffer(layer_id) or .read(layer_id, loc)"
 
 RULES: dict[str, Rule] = {

@@ -3,9 +3,12 @@
 ``kvcompat/_scan/_probes.py`` treats ``getattr(pool, "kv_cache_layout", d) == c`` (and the
 other attributes of ``MHA_ONLY_ATTRIBUTES``) as proof that ``pool`` is an MHA pool, and
 ``isinstance(pool, C)`` for ``POSITIVE_CLASSES`` as proof that the accesses of those
-rules work on it. Both are facts about the installed release; a release that gives one of
-those attributes to another pool class, or breaks a method on one of those classes, fails
-here.
+rules work on it. ``kvcompat/_scan/_families.py`` takes a constructor that refuses every
+configuration but one family's config class as proof that no DeepSeek-V4 model gets
+there, and a key-only pool for a sub-pool no model code is handed. All are facts about
+the installed release; a release that gives one of those attributes to another pool
+class, breaks a method on one of those classes, registers a DeepSeek-V4 configuration
+class that a family check could name, or hands out a key-only pool, fails here.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ import torch
 from _sglang.cases import POOL_CASES, PoolCase, case_params
 from _sglang.features import require
 
+from kvcompat._scan._families import CONFIG_BASES, admits_deepseek_v4
 from kvcompat._scan._probes import MHA_ONLY_ATTRIBUTES, POSITIVE_CLASSES
 from kvcompat.inspection._cli import find_kvcache_classes
 
@@ -154,3 +159,79 @@ def test_swa_pools_past_layer_zero_break_get_kv_buffer_shape() -> None:
     require(hasattr(pool, "get_kv_buffer_shape"), "get_kv_buffer_shape")
     with pytest.raises(KeyError):
         pool.get_kv_buffer_shape()
+
+
+def _deepseek_v4_config_classes() -> dict[str, list[str]]:
+    """SGLang's configuration classes for DeepSeek-V4's model types, with their bases.
+
+    A class counts when its body sets ``model_type`` to ``"deepseek_v4..."`` (V4, V4.1,
+    V4.1 text); its bases are the names it is written with, import aliases undone
+    (``from transformers import DeepseekV3Config as _HFDeepseekV3Config``).
+    """
+    root = _sglang_root() / "srt"
+    found: dict[str, list[str]] = {}
+    for path in (*root.joinpath("configs").glob("*.py"), *root.joinpath("utils").rglob("*.py")):
+        with warnings.catch_warnings():  # SGLang's own invalid escapes in docstrings
+            warnings.simplefilter("ignore")
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported_as = {
+            alias.asname: alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+            if alias.asname
+        }
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            for stmt in cls.body:
+                target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
+                if isinstance(stmt, ast.AnnAssign):
+                    target = stmt.target
+                value = getattr(stmt, "value", None)
+                if (
+                    isinstance(target, ast.Name)
+                    and target.id == "model_type"
+                    and isinstance(value, ast.Constant)
+                    and str(value.value).startswith("deepseek_v4")
+                ):
+                    written = (ast.unparse(base).rpartition(".")[2] for base in cls.bases)
+                    found[cls.name] = [imported_as.get(name, name) for name in written]
+    return found
+
+
+def test_no_family_check_admits_a_deepseek_v4_configuration() -> None:
+    transformers = pytest.importorskip("transformers")
+    classes = _deepseek_v4_config_classes()
+    require(classes, "a DeepSeek-V4 configuration class")
+    names = set(classes)
+    for bases in classes.values():
+        for base in bases:
+            upstream = getattr(transformers, base, None)
+            mro = upstream.__mro__ if isinstance(upstream, type) else ()
+            names.update([base, *(cls.__name__ for cls in mro)])
+    # Every class a DeepSeek-V4 configuration is an instance of must read as admitting
+    # it, or a constructor checking for that class would be taken for a family's.
+    assert sorted(name for name in names if not admits_deepseek_v4(name)) == []
+    assert names & CONFIG_BASES, sorted(names)  # the bases were followed to the generic one
+
+
+def test_key_only_pools_are_only_built_as_sub_pools() -> None:
+    # MHATokenToKOnlyPool is passed as a class (index_k_pool_cls=...) to the pool that
+    # builds it; nothing outside SGLang's tests constructs one to hand to model code.
+    root = _sglang_root()
+    calls = []
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith("test/") or path.name.startswith("test_"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "MHATokenToKOnlyPool(" not in text:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text)
+        calls.extend(
+            f"{relative}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("MHATokenToKOnlyPool")
+        )
+    assert calls == []

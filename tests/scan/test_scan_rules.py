@@ -715,6 +715,120 @@ def test_model_family_modules(imports: str, expected: list[str]) -> None:
     assert codes(f"{imports}\n{body}") == expected
 
 
+# -- classes built for one model family's configuration --------------------------
+
+_FAMILY_METHODS = """
+    def forward(self, layer, loc, k, v):
+        v_cache = self.pool.get_value_buffer(layer.layer_id)
+        kv = self.pool.get_kv_buffer(layer.layer_id)
+        self.pool.set_kv_buffer(layer, loc, k, v)
+        k_cache = self.pool.get_key_buffer(layer.layer_id)
+        shape = self.pool.get_kv_buffer_shape()
+        return k_cache[loc], v_cache, kv, shape, self.pool.k_buffer[layer.layer_id]
+"""
+_EVERY_CODE = ["KVC001", "KVC002", "KVC003", "KVC006", "KVC007", "KVC004"]
+
+
+def _backend(init: str) -> str:
+    head = "class Backend:\n    def __init__(self, runner):\n        self.pool = runner.pool\n"
+    return head + textwrap.indent(textwrap.dedent(init), " " * 8) + _FAMILY_METHODS
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        # SGLang's MiniCPM sparse backend, as it reads in 0.5.23.
+        """
+        hf_config = runner.model_config.hf_config
+        if not isinstance(hf_config, MiniCPMHybridConfig) or not hf_config.sparse:
+            raise ValueError("MiniCPM model must have sparse attention enabled.")
+        """,
+        "assert isinstance(runner.model_config.hf_config, MiniCPMHybridConfig)\n",
+        "assert runner.ok and isinstance(runner.hf_config, (QwenConfig, Qwen2Config))\n",
+        # The name the one assignment stores says what it is.
+        """
+        cfg = runner.model_config.hf_config
+        assert isinstance(cfg, MiniCPMHybridConfig)
+        """,
+        """
+        if not isinstance(runner.model_config.hf_config, configs.MiniCPMHybridConfig):
+            raise TypeError("MiniCPM only")
+        """,
+    ],
+)
+def test_a_constructor_that_refuses_other_families_rules_out_deepseek_v4(check: str) -> None:
+    # No DeepSeek-V4 model gets past __init__, so no method sees a DeepSeek-V4 pool;
+    # KVC004 still breaks on the MLA pools such a family may get.
+    assert codes(_backend(check)) == ["KVC004"]
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        "pass\n",
+        # Checks that admit DeepSeek-V4: its own config classes, their base, the generic one.
+        "assert isinstance(runner.model_config.hf_config, DeepseekV3Config)\n",
+        "assert isinstance(runner.hf_config, DeepSeekV4Config)\n",
+        "assert isinstance(runner.hf_config, (QwenConfig, PretrainedConfig))\n",
+        "assert isinstance(runner.hf_config, transformers.PreTrainedConfig)\n",
+        "assert isinstance(runner.hf_config, RotaryEmbeddingConfigMixin)\n",
+        # The subject is not a configuration, or the check does not leave.
+        "assert isinstance(runner.model, MiniCPMForCausalLM)\n",
+        """
+        if not isinstance(runner.hf_config, MiniCPMHybridConfig):
+            logger.warning("not MiniCPM")
+        """,
+        """
+        if not isinstance(runner.hf_config, MiniCPMHybridConfig):
+            raise ValueError("MiniCPM only")
+        else:
+            pass
+        """,
+        # Positive, or only on one path: "isinstance and x" may fail on x alone.
+        """
+        if isinstance(runner.hf_config, MiniCPMHybridConfig):
+            raise ValueError("not for MiniCPM")
+        """,
+        """
+        if not (isinstance(runner.hf_config, MiniCPMHybridConfig) and runner.ok):
+            raise ValueError("MiniCPM only")
+        """,
+        """
+        if runner.fast:
+            assert isinstance(runner.hf_config, MiniCPMHybridConfig)
+        """,
+        "assert runner.ok or isinstance(runner.hf_config, MiniCPMHybridConfig)\n",
+        """
+        if not isinstance(runner.hf_config, MiniCPMHybridConfig) and runner.strict:
+            raise ValueError("MiniCPM only")
+        """,
+        # A path that leaves the constructor before the check.
+        """
+        if runner.dummy:
+            return
+        assert isinstance(runner.hf_config, MiniCPMHybridConfig)
+        """,
+        # A configuration name assigned twice is not resolved.
+        """
+        c = runner.model_config.hf_config
+        c = runner.model
+        assert isinstance(c, MiniCPMHybridConfig)
+        """,
+    ],
+)
+def test_a_constructor_check_that_may_admit_deepseek_v4_is_no_signal(check: str) -> None:
+    assert codes(_backend(check)) == _EVERY_CODE
+
+
+def test_only_the_refusing_class_is_ruled_out() -> None:
+    other = "\nclass Other:\n    def __init__(self, runner):\n        self.pool = runner.pool\n"
+    refusing = _backend("assert isinstance(runner.hf_config, MiniCPMHybridConfig)\n")
+    # Module-level code and another class of the module are generic.
+    source = refusing + other + textwrap.indent(textwrap.dedent(_FAMILY_METHODS), "    ")
+    source += "\ndef helper(pool):\n    return pool.get_value_buffer(0)\n"
+    assert codes(source) == ["KVC004", *_EVERY_CODE, "KVC001"]
+
+
 def test_a_read_of_an_mha_only_attribute_fixes_the_class() -> None:
     # TRT-LLM's native-FP4 helper: pool.native_k_scale_buffer (defined only by
     # MHATokenToKVPool) is read before pool.k_buffer, so only MHA pools get there.
