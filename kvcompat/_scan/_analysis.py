@@ -90,6 +90,8 @@ _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 _TRY_TYPES: tuple[type[ast.stmt], ...] = tuple(
     t for t in (getattr(ast, "Try", None), getattr(ast, "TryStar", None)) if t is not None
 )
+# Methods that run without an instance, so without its constructor.
+_CLASS_LEVEL = frozenset({"staticmethod", "classmethod"})
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _MAX_SHOWN = 40
 # Every name the scanner looks for contains one of these ("kv_buffer" contains
@@ -659,7 +661,7 @@ class _Walker:
     ) -> bool:
         if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
             return True
-        if code in self.family_rules or code in self._class_rules(ctx.cls):
+        if code in self.family_rules or code in self._class_rules(ctx):
             return True
         if ctx.checked and any(expr_key(prefix) in ctx.checked for prefix in prefixes(receiver)):
             return True
@@ -674,9 +676,22 @@ class _Walker:
             return True
         return self.names.is_adapt_call(receiver) or self._kind(receiver, ctx) is _Kind.ADAPTED
 
-    def _class_rules(self, cls: _Class | None) -> frozenset[str]:
-        """The rules that cannot fire in ``cls``: its constructor refuses other families."""
+    def _class_rules(self, ctx: _Ctx) -> frozenset[str]:
+        """The rules that cannot fire here: code of an object whose constructor ran.
+
+        Only a method called on an instance qualifies: the class body, a
+        ``staticmethod`` and a ``classmethod`` run without ``__init__``.
+        """
+        cls = ctx.cls
         if cls is None:
+            return frozenset()
+        body_of = self.class_nodes[id(cls)]
+        method: ast.AST | None = ctx.function
+        while method is not None and self.parents.get(method) is not body_of:
+            method = self.parents.get(method)
+        if not isinstance(method, FUNCTIONS):
+            return frozenset()
+        if any(last_name(d) in _CLASS_LEVEL for d in method.decorator_list):
             return frozenset()
         rules = self.class_family_rules.get(id(cls))
         if rules is None:

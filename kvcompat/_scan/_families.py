@@ -14,10 +14,11 @@ model family can reach only ever sees that family's pools. Two static signals sa
       if not isinstance(hf_config, MiniCPMHybridConfig) or not hf_config.has_sparse:
           raise ValueError("MiniCPM model must have sparse attention enabled.")
 
-  No DeepSeek-V4 model gets there, so none of the class's methods is handed a
-  DeepSeek-V4 pool. Rules that also break on other pools (``KVC004`` on MLA pools,
-  ``KVC005`` on MHA pools) still fire: the scanner does not know which pools the
-  family gets.
+  No DeepSeek-V4 model gets there, so no instance method of the class is handed a
+  DeepSeek-V4 pool (the class body, static and class methods run without the
+  constructor, and stay checked). Rules that also break on other pools (``KVC004`` on
+  MLA pools, ``KVC005`` on MHA pools) still fire: the scanner does not know which pools
+  the family gets.
 
 What DeepSeek-V4's configurations are is a fact about SGLang 0.5.23
 (``tests/real/test_scan_facts_real.py`` checks the installed wheel). SGLang tells a

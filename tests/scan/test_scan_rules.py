@@ -820,6 +820,31 @@ def test_a_constructor_check_that_may_admit_deepseek_v4_is_no_signal(check: str)
     assert codes(_backend(check)) == _EVERY_CODE
 
 
+@pytest.mark.parametrize(
+    "member",
+    [
+        # Code that runs without an instance never passed the constructor's check.
+        "    @staticmethod\n    def write(pool, layer):\n        return pool.get_value_buffer(0)\n",
+        "    @classmethod\n    def write(cls, pool):\n        return pool.get_value_buffer(0)\n",
+        "    DEFAULT = POOL.get_value_buffer(0)\n",
+    ],
+)
+def test_code_that_runs_without_the_constructor_is_still_checked(member: str) -> None:
+    source = _backend("assert isinstance(runner.hf_config, MiniCPMHybridConfig)\n") + member
+    assert codes(source) == ["KVC004", "KVC001"]
+
+
+def test_code_nested_in_a_method_is_ruled_out() -> None:
+    nested = (
+        "    def make(self):\n"
+        "        def step(loc):\n"
+        "            return self.pool.get_value_buffer(0)[loc]\n"
+        "        return lambda: self.pool.get_kv_buffer(0), step\n"
+    )
+    source = _backend("assert isinstance(runner.hf_config, MiniCPMHybridConfig)\n") + nested
+    assert codes(source) == ["KVC004"]
+
+
 def test_only_the_refusing_class_is_ruled_out() -> None:
     other = "\nclass Other:\n    def __init__(self, runner):\n        self.pool = runner.pool\n"
     refusing = _backend("assert isinstance(runner.hf_config, MiniCPMHybridConfig)\n")
