@@ -20,12 +20,12 @@ Usage:
     python benchmarks/scan_precision.py --unpacked lmcache=DIR   # DIR: an unpacked wheel
     python benchmarks/scan_precision.py --release 0.5.20=DIR     # an older SGLang, unpacked
 
-Prints one row per rule (TP, FP, FN, precision, recall) and the totals, on the whole
-corpus and without SGLang's model definitions, then the totals on the generic
-attention backends and on the model definitions, and with older releases given, their
-own code's scores alone and with the corpus; exits 1 if a finding has no label, a
-labelled TP/FP is no longer reported, or a file's (or wheel's) hash differs from the
-label's.
+Prints one row per rule (TP, FP, FN, precision with its 95 % Wilson interval, recall) and
+the totals, on the whole corpus and without SGLang's model definitions, then the totals on
+the generic attention backends and on the model definitions, and with older releases
+given, their own code's scores alone and with the corpus; exits 1 if a finding has no
+label, a labelled TP/FP is no longer reported, or a file's (or wheel's) hash differs from
+the label's.
 """
 
 from __future__ import annotations
@@ -80,6 +80,39 @@ class Score:
     def recall(self) -> float | None:
         true = self.tp + self.fn
         return self.tp / true if true else None
+
+    @property
+    def precision_interval(self) -> tuple[float, float] | None:
+        """The 95 % Wilson score interval of the precision (None without findings)."""
+        return wilson(self.tp, self.tp + self.fp)
+
+
+_Z95 = 1.959963984540054  # the 97.5 % quantile of the standard normal distribution
+
+
+def wilson(successes: int, trials: int, z: float = _Z95) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion ``successes / trials``, or None if no trials.
+
+    Unlike ``p ± z·sqrt(p(1-p)/n)`` it stays inside [0, 1] and is not empty at 0 or n
+    successes, which is what a rule with a handful of findings has.
+
+    Example:
+        >>> [round(100 * b, 1) for b in wilson(0, 1)], [round(100 * b, 1) for b in wilson(5, 10)]
+        ([0.0, 79.3], [23.7, 76.3])
+    """
+    if not 0 <= successes <= trials:
+        msg = f"wilson() needs 0 <= successes <= trials, got {successes} of {trials}"
+        raise ValueError(msg)
+    if trials == 0:
+        return None
+    p = successes / trials
+    z2 = z * z
+    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = z / (1 + z2 / trials) * (p * (1 - p) / trials + z2 / (4 * trials * trials)) ** 0.5
+    # At 0 or n successes a bound is exactly 0 or 1; floating point would miss it by an ulp.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return low, high
 
 
 def load(path: Path = LABELS) -> dict[str, Any]:
@@ -325,23 +358,37 @@ def total(per_rule: Mapping[str, Score]) -> Score:
 
 
 def table(per_rule: Mapping[str, Score], *, recall: bool = True) -> str:
-    """A Markdown table: rule, TP, FP, FN, precision, recall (or TP, FP, precision only)."""
+    """A Markdown table: rule, TP, FP, FN, precision and its 95 % interval, recall.
+
+    Without ``recall``: TP, FP, precision and its interval only.
+    """
     if not recall:
-        rows = ["| Rule | TP | FP | Precision |", "|---|---|---|---|"]
+        rows = ["| Rule | TP | FP | Precision | 95 % interval |", "|---|---|---|---|---|"]
         for rule, score in (*per_rule.items(), ("all", total(per_rule))):
-            rows.append(f"| {rule} | {score.tp} | {score.fp} | {_percent(score.precision)} |")
+            rows.append(
+                f"| {rule} | {score.tp} | {score.fp} | {_percent(score.precision)} | "
+                f"{_interval(score.precision_interval)} |"
+            )
         return "\n".join(rows)
-    rows = ["| Rule | TP | FP | FN | Precision | Recall |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| Rule | TP | FP | FN | Precision | 95 % interval | Recall |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for rule, score in (*per_rule.items(), ("all", total(per_rule))):
         rows.append(
             f"| {rule} | {score.tp} | {score.fp} | {score.fn} | "
-            f"{_percent(score.precision)} | {_percent(score.recall)} |"
+            f"{_percent(score.precision)} | {_interval(score.precision_interval)} | "
+            f"{_percent(score.recall)} |"
         )
     return "\n".join(rows)
 
 
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
+
+
+def _interval(bounds: tuple[float, float] | None) -> str:
+    return "n/a" if bounds is None else f"{100 * bounds[0]:.1f}-{100 * bounds[1]:.1f} %"
 
 
 def _key(label: Mapping[str, Any]) -> Key:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from trees import write_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -239,3 +241,40 @@ def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
         "sglang X: unlabelled finding: a.py:10:10 KVC002",
         "sglang X: labelled but not reported: a.py:11:10 KVC002",
     ]
+
+
+@pytest.mark.parametrize(
+    ("successes", "trials", "expected"),
+    [
+        # Published Wilson 95 % intervals (Newcombe 1998, Table I).
+        (81, 263, (0.2553, 0.3662)),
+        (15, 148, (0.0624, 0.1605)),
+        (0, 20, (0.0, 0.1611)),
+        (1, 29, (0.0061, 0.1718)),
+        (29, 29, (0.8830, 1.0)),
+    ],
+)
+def test_the_precision_interval_is_wilsons(
+    successes: int, trials: int, expected: tuple[float, float]
+) -> None:
+    low, high = scan_precision.wilson(successes, trials)
+    assert (round(low, 4), round(high, 4)) == expected
+
+
+@given(st.integers(0, 2000).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_the_interval_holds_the_point_estimate(case: tuple[int, int]) -> None:
+    successes, trials = case
+    bounds = scan_precision.wilson(successes, trials)
+    if trials == 0:
+        assert bounds is None
+        return
+    assert bounds is not None
+    low, high = bounds
+    assert 0.0 <= low <= successes / trials <= high <= 1.0
+    assert low < high
+
+
+@pytest.mark.parametrize(("successes", "trials"), [(-1, 3), (4, 3)])
+def test_an_impossible_count_is_refused(successes: int, trials: int) -> None:
+    with pytest.raises(ValueError, match=rf"got {successes} of {trials}"):
+        scan_precision.wilson(successes, trials)
