@@ -685,9 +685,9 @@ class _Walker:
         cls = ctx.cls
         if cls is None:
             return frozenset()
-        body_of = self.class_nodes[id(cls)]
+        class_node = self.class_nodes[id(cls)]
         method: ast.AST | None = ctx.function
-        while method is not None and self.parents.get(method) is not body_of:
+        while method is not None and self.parents.get(method) is not class_node:
             method = self.parents.get(method)
         if not isinstance(method, FUNCTIONS):
             return frozenset()
@@ -695,7 +695,7 @@ class _Walker:
             return frozenset()
         rules = self.class_family_rules.get(id(cls))
         if rules is None:
-            rules = self.class_family_rules[id(cls)] = class_rules(self.class_nodes[id(cls)])
+            rules = self.class_family_rules[id(cls)] = class_rules(class_node)
         return rules
 
     @staticmethod

@@ -50,7 +50,7 @@ __all__ = [
     "admits_deepseek_v4",
     "class_rules",
     "module_rules",
-    "required_config",
+    "refuses_other_families",
 ]
 
 _METHODS_WORK = frozenset({"KVC001", "KVC002", "KVC003"})
@@ -119,11 +119,11 @@ def class_rules(cls: ast.ClassDef) -> frozenset[str]:
         >>> sorted(class_rules(ast.parse(source).body[0]))
         ['KVC001', 'KVC002', 'KVC003', 'KVC006', 'KVC007']
     """
-    return _DSV4_ONLY if required_config(cls) is not None else frozenset()
+    return _DSV4_ONLY if refuses_other_families(cls) else frozenset()
 
 
-def required_config(cls: ast.ClassDef) -> str | None:
-    """The config class ``__init__`` requires the model's configuration to be, or None.
+def refuses_other_families(cls: ast.ClassDef) -> bool:
+    """Whether ``__init__`` leaves unless the model's configuration is one family's.
 
     Only a statement of the constructor's own body counts, before anything in it can
     return: ``assert isinstance(C, K)`` (``and`` other conditions), or
@@ -136,38 +136,35 @@ def required_config(cls: ast.ClassDef) -> str | None:
         None,
     )
     if init is None:
-        return None
+        return False
     stored = single_assignments(init)
     for stmt in init.body:
-        if isinstance(stmt, ast.Assert):
-            checks = [
-                check
-                for operand in operands(stmt.test, ast.And)
-                if (check := _isinstance(operand, stored)) is not None
-            ]
-        elif isinstance(stmt, ast.If) and _raises(stmt):
-            checks = [
-                check
-                for operand in operands(stmt.test, ast.Or)
-                if isinstance(operand, ast.UnaryOp)
+        if isinstance(stmt, ast.Assert) and any(
+            _requires_family(operand, stored) for operand in operands(stmt.test, ast.And)
+        ):
+            return True
+        if (
+            isinstance(stmt, ast.If)
+            and _raises(stmt)
+            and any(
+                isinstance(operand, ast.UnaryOp)
                 and isinstance(operand.op, ast.Not)
-                and (check := _isinstance(operand.operand, stored)) is not None
-            ]
-        else:
-            checks = []
-        if checks:
-            return checks[0]
+                and _requires_family(operand.operand, stored)
+                for operand in operands(stmt.test, ast.Or)
+            )
+        ):
+            return True
         if any(isinstance(node, ast.Return) for node in statements([stmt])):
-            return None  # a path that leaves before any check
-    return None
+            return False  # a path that leaves before any check
+    return False
 
 
 def _raises(stmt: ast.If) -> bool:
     return bool(stmt.body) and isinstance(stmt.body[-1], ast.Raise) and not stmt.orelse
 
 
-def _isinstance(expr: ast.expr, stored: dict[str, ast.expr]) -> str | None:
-    """The family config class ``isinstance(config, K)`` requires, or None."""
+def _requires_family(expr: ast.expr, stored: dict[str, ast.expr]) -> bool:
+    """Whether ``expr`` is ``isinstance(config, K)`` with only family classes in ``K``."""
     if not (
         isinstance(expr, ast.Call)
         and isinstance(expr.func, ast.Name)
@@ -175,14 +172,14 @@ def _isinstance(expr: ast.expr, stored: dict[str, ast.expr]) -> str | None:
         and len(expr.args) == 2
         and not expr.keywords
     ):
-        return None
+        return False
     subject, classes = expr.args
-    if not _is_config(subject, stored):
-        return None
     names = [last_name(k) for k in (classes.elts if isinstance(classes, ast.Tuple) else [classes])]
-    if not names or any(admits_deepseek_v4(name) for name in names):
-        return None
-    return names[0] if len(names) == 1 else ", ".join(names)
+    return (
+        _is_config(subject, stored)
+        and bool(names)
+        and not any(admits_deepseek_v4(name) for name in names)
+    )
 
 
 def _is_config(subject: ast.expr, stored: dict[str, ast.expr]) -> bool:

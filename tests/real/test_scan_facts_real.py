@@ -36,13 +36,20 @@ def _sglang_root() -> Path:
     return Path(spec.origin).parent
 
 
+def _parse(text: str) -> ast.Module:
+    """``ast.parse`` without the warnings SGLang's own invalid escapes raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(text)
+
+
 @functools.cache
 def _module(module: str) -> ast.Module | None:
     """The parsed source of an installed ``sglang...`` module, or None if it has none."""
     base = _sglang_root().parent.joinpath(*module.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.is_file():
-            return ast.parse(path.read_text(encoding="utf-8"))
+            return _parse(path.read_text(encoding="utf-8"))
     return None
 
 
@@ -171,9 +178,7 @@ def _deepseek_v4_config_classes() -> dict[str, list[str]]:
     root = _sglang_root() / "srt"
     found: dict[str, list[str]] = {}
     for path in (*root.joinpath("configs").glob("*.py"), *root.joinpath("utils").rglob("*.py")):
-        with warnings.catch_warnings():  # SGLang's own invalid escapes in docstrings
-            warnings.simplefilter("ignore")
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _parse(path.read_text(encoding="utf-8"))
         imported_as = {
             alias.asname: alias.name
             for node in ast.walk(tree)
@@ -226,12 +231,9 @@ def test_key_only_pools_are_only_built_as_sub_pools() -> None:
         text = path.read_text(encoding="utf-8", errors="replace")
         if "MHATokenToKOnlyPool(" not in text:
             continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tree = ast.parse(text)
         calls.extend(
             f"{relative}:{node.lineno}"
-            for node in ast.walk(tree)
+            for node in ast.walk(_parse(text))
             if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("MHATokenToKOnlyPool")
         )
     assert calls == []
