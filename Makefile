@@ -29,7 +29,8 @@ demo: $(VENV)/.base-stamp
 	$(PY) -m kvcompat demo
 
 lint: $(VENV)/.test-stamp
-	$(PY) -m ruff check kvcompat tests benchmarks examples docs
+	$(PY) -m ruff check kvcompat tests benchmarks examples docs .ci
+	$(PY) -m ruff format --check kvcompat tests benchmarks examples .ci
 
 typecheck: $(VENV)/.test-stamp
 	$(PY) -m mypy

@@ -54,7 +54,8 @@ def _run(
     if result.returncode != expect:
         msg = (
             f"{' '.join(cmd)} exited {result.returncode}, expected {expect}\n"
-            f"--- stdout (tail)\n{result.stdout[-3000:]}\n--- stderr (tail)\n{result.stderr[-3000:]}"
+            f"--- stdout (tail)\n{result.stdout[-3000:]}\n"
+            f"--- stderr (tail)\n{result.stderr[-3000:]}"
         )
         raise CheckError(msg)
     return result
@@ -217,7 +218,10 @@ def check_without_torch(wheel: Path, outside: Path) -> None:
     demo = _run([kv, "demo"], cwd=outside, expect=1, env=env)
     lines = demo.stderr.strip().splitlines()
     if len(lines) != 1 or "pip install torch" not in lines[0]:
-        msg = f"kvcompat demo without torch should print one line naming pip install torch:\n{demo.stderr}"
+        msg = (
+            "kvcompat demo without torch should print one line naming pip install torch:\n"
+            f"{demo.stderr}"
+        )
         raise CheckError(msg)
     _step("torch-free venv: --version, --help, scan; demo refused in one line", started)
 

@@ -150,9 +150,7 @@ def _tensor(tensor: object) -> str:
     return f"[{shape}] {str(tensor.dtype).removeprefix('torch.')}"
 
 
-def _table(
-    rows: Sequence[Sequence[str]], out: TextIO, tables: list[list[dict[str, str]]]
-) -> None:
+def _table(rows: Sequence[Sequence[str]], out: TextIO, tables: list[list[dict[str, str]]]) -> None:
     tables.append([dict(zip(rows[0], row, strict=True)) for row in rows[1:]])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for index, row in enumerate(rows):
