@@ -7,12 +7,12 @@ it misses (FN), each with a one-line reason written after reading the code. Noth
 those packages is copied here: the files are scanned where they are installed
 (SGLang) or from the wheels pip downloads.
 
-``tests/scan/corpus/releases.json`` labels the code of the older SGLang releases the
-release matrix covers (0.5.12, 0.5.18, 0.5.20) that 0.5.23 does not have: every finding
-outside their tests whose line (path, rule, text, column in it, occurrence of that text in
-the file) is not a labelled 0.5.23 finding, each line counted once however many releases
-carry it. Those count for
-precision only: no one read the whole files for misses.
+``tests/scan/corpus/releases.json`` labels the code of other SGLang builds that 0.5.23
+does not have: the older releases the release matrix covers (0.5.12, 0.5.18, 0.5.20).
+That is every finding outside their tests whose line (path, rule, enclosing function,
+text, column in it, occurrence of that text in the function) is not a labelled 0.5.23
+finding, each line counted once however many builds carry it. Those count for precision
+only: no one read the whole files for misses.
 
 Usage:
     python benchmarks/scan_precision.py                 # the installed sglang only
@@ -22,15 +22,16 @@ Usage:
 
 Prints one row per rule (TP, FP, FN, precision with its 95 % Wilson interval, recall) and
 the totals, on the whole corpus and without SGLang's model definitions, then the totals on
-the generic attention backends and on the model definitions, and with older releases
-given, their own code's scores alone and with the corpus; exits 1 if a finding has no
-label, a labelled TP/FP is no longer reported, or a file's (or wheel's) hash differs from
-the label's.
+the generic attention backends and on the model definitions, and with other builds given,
+their own code's scores (the older releases, the forks, all of it with the corpus); exits 1
+if a finding has no label, a labelled TP/FP is no longer reported, or a file's (or wheel's)
+hash differs from the label's.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import hashlib
 import importlib.util
@@ -52,11 +53,14 @@ if str(REPO) not in sys.path:  # measure this checkout's scanner, not an install
     sys.path.insert(0, str(REPO))
 
 Key = tuple[str, str, int, int, str]  # package, path, line, col, rule
-# What a finding is, across releases: path, rule, the stripped source line and the column
-# in it. Line numbers move between releases; the same code at the same place does not.
-# The same line can occur more than once in a file (``set_kv_buffer(`` in several
-# methods): the last item numbers the occurrences of one text in the file, in line order.
-CodeKey = tuple[str, str, str, int, int]
+# What a finding is, across releases: path, rule, the qualified name of the function it is
+# in ("" at module level), the stripped source line and the column in it. Line numbers
+# move between releases; the same code in the same function does not. The same line can
+# occur more than once in a function: the last item numbers the occurrences of one text
+# in the function, in line order. (Numbering them per file instead matched a fork's
+# ``forward_mtp`` write with a release's ``forward_dllm`` one, once the fork had dropped
+# ``forward_dllm``.)
+CodeKey = tuple[str, str, str, str, int, int]
 Where = tuple[str, int, int, str]  # path, line, col, rule: a finding in one release
 # Model definitions (SGLang's srt/models, a plugin's models package): code written for
 # one architecture, whose pool class the engine picks for it (invisible to a one-file scan).
@@ -211,21 +215,61 @@ def is_test_code(path: str) -> bool:
     return path.startswith("test/") or path.rsplit("/", 1)[-1].startswith("test_")
 
 
+def _functions(source: str) -> list[tuple[int, int, str]]:
+    """Every function and class of a module: first line, last line, qualified name."""
+    spans: list[tuple[int, int, str]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                spans.append((child.lineno, child.end_lineno or child.lineno, name))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return spans
+
+
+def _enclosing(spans: list[tuple[int, int, str]], line: int) -> str:
+    """The qualified name of the innermost function or class holding ``line`` ("" if none)."""
+    inner = [(first, name) for first, last, name in spans if first <= line <= last]
+    return max(inner)[1] if inner else ""
+
+
 def _numbered(wheres: Iterable[Where], root: Path) -> dict[Where, CodeKey]:
     """Each finding's release-independent key (``CodeKey``), for findings under ``root``."""
     keys: dict[Where, CodeKey] = {}
-    seen: Counter[tuple[str, str, str, int]] = Counter()
-    texts: dict[str, list[str]] = {}
+    seen: Counter[tuple[str, str, str, str, int]] = Counter()
+    files: dict[str, tuple[list[str], list[tuple[int, int, str]]]] = {}
     for where in sorted(set(wheres)):
         path, line, col, rule = where
-        if path not in texts:
-            texts[path] = (root / path).read_text(encoding="utf-8").splitlines()
-        lines = texts[path]
+        if path not in files:
+            source = (root / path).read_text(encoding="utf-8")
+            files[path] = source.splitlines(), _functions(source)
+        lines, spans = files[path]
         raw = lines[line - 1] if 0 < line <= len(lines) else ""
-        code = (path, rule, raw.strip(), col - (len(raw) - len(raw.lstrip())))
+        text = raw.strip()
+        code = (path, rule, _enclosing(spans, line), text, col - (len(raw) - len(raw.lstrip())))
         keys[where] = (*code, seen[code])
         seen[code] += 1
     return keys
+
+
+def requirement(version: str, info: Mapping[str, Any]) -> str:
+    """What ``pip download`` fetches for a build of ``releases.json`` (SGLang's own by default)."""
+    named: str = info.get("requirement", f"sglang=={version}")
+    return named
+
+
+def _build(version: str, info: Mapping[str, Any]) -> str:
+    return requirement(version, info).replace("==", " ")
+
+
+def is_release(version: str, info: Mapping[str, Any]) -> bool:
+    """Whether a build of ``releases.json`` is an SGLang release (else a fork of SGLang)."""
+    return requirement(version, info).startswith("sglang==")
 
 
 def check_release(
@@ -235,21 +279,22 @@ def check_release(
     root: Path,
     base_root: Path,
 ) -> tuple[dict[Where, CodeKey], list[str]]:
-    """Scan an older SGLang release whole; check its own findings against ``releases``.
+    """Scan another SGLang build whole; check its own findings against ``releases``.
 
-    A release's own findings are those outside its test code whose key (``CodeKey``:
-    path, rule, line text, column in it, occurrence) is not that of a labelled finding
-    of the base release (``data``'s ``sglang`` labels, read under ``base_root``). Each
-    must be labelled in ``releases`` for ``version`` at its line and column, with the
-    line's text and occurrence.
+    A build's own findings are those outside its test code whose key (``CodeKey``:
+    path, rule, enclosing function, line text, column in it, occurrence in the function)
+    is not that of a labelled finding of the base release (``data``'s ``sglang`` labels,
+    read under ``base_root``). Each must be labelled in ``releases`` for ``version`` at
+    its line and column, with the line's function, text and occurrence.
 
     Returns:
-        The release's own findings (with their keys), and the problems: unlabelled
-        findings, labels no longer reported, labels whose text or occurrence is not
-        the release's.
+        The build's own findings (with their keys), and the problems: unlabelled
+        findings, labels no longer reported, labels whose function, text or occurrence
+        is not the build's.
     """
     from kvcompat.scan import scan_paths
 
+    name = _build(version, releases.get("releases", {}).get(version, {}))
     labelled_base = [
         (label["path"], label["line"], label["col"], label["rule"])
         for label in data["labels"]
@@ -267,23 +312,26 @@ def check_release(
         for where, key in _numbered(found, root).items()
         if not is_test_code(where[0]) and key not in base
     }
-    labelled: dict[Where, tuple[str, int]] = {}
+    labelled: dict[Where, tuple[str, str, int]] = {}
     for label in releases["labels"]:
         at = label["releases"].get(version)
         if at is not None:
             where = (label["path"], at["line"], at["col"], label["rule"])
-            labelled[where] = label["code"], label["occurrence"]
+            labelled[where] = label["function"], label["code"], label["occurrence"]
     problems.extend(
-        f"sglang {version}: unlabelled finding: {_where(where)}"
+        f"{name}: unlabelled finding: {_where(where)}"
         for where in sorted(own.keys() - labelled.keys())
     )
-    for where, (text, occurrence) in sorted(labelled.items()):
+    for where, expected in sorted(labelled.items()):
         if where not in own:
-            problems.append(f"sglang {version}: labelled but not reported: {_where(where)}")
-        elif (own[where][2], own[where][4]) != (text, occurrence):
+            problems.append(f"{name}: labelled but not reported: {_where(where)}")
+            continue
+        _, _, function, text, _, occurrence = own[where]
+        if (function, text, occurrence) != expected:
             problems.append(
-                f"sglang {version}: {_where(where)} is occurrence {own[where][4]} of "
-                f"{own[where][2]!r}, labelled as occurrence {occurrence} of {text!r}"
+                f"{name}: {_where(where)} is occurrence {occurrence} of {text!r} in "
+                f"{function or 'the module'}, labelled as occurrence {expected[2]} of "
+                f"{expected[1]!r} in {expected[0] or 'the module'}"
             )
     return own, problems
 
@@ -425,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="VERSION=DIR",
-        help="an older SGLang release's wheel, already unpacked into DIR (repeatable)",
+        help="a build of releases.json (its key), its wheel unpacked into DIR (repeatable)",
     )
     parser.add_argument("--download", action="store_true", help="pip download the wheels not given")
     args = parser.parse_args(argv)
@@ -454,15 +502,15 @@ def main(argv: list[str] | None = None) -> int:
             if version in given_releases:
                 release_roots[version] = Path(given_releases[version]) / "sglang"
             elif args.download:
-                into = Path(tmp) / f"sglang-{version}"
+                into = Path(tmp) / f"build-{len(release_roots)}"
                 into.mkdir()
                 unpacked = download_wheel(
-                    f"sglang=={version}", info["wheel"], into, digest=info["sha256"]
+                    requirement(version, info), info["wheel"], into, digest=info["sha256"]
                 )
                 release_roots[version] = unpacked / "sglang"
         _, problems = check(data, roots)
         if release_roots and sglang is None:
-            problems.append("the older releases are compared with an installed sglang: none")
+            problems.append("the other builds are compared with an installed sglang: none")
         elif release_roots:
             for version, root in sorted(release_roots.items()):
                 problems += check_release(data, releases, version, root, roots["sglang"])[1]
@@ -484,11 +532,16 @@ def main(argv: list[str] | None = None) -> int:
             f"({score.tp} TP, {score.fp} FP, {score.fn} FN)"
         )
     if release_roots:
-        versions = sorted(release_roots)
-        print(f"\nolder SGLang releases' own code ({', '.join(versions)}), precision only:\n")
-        own = release_scores(releases, versions)
-        print(table(own, recall=False))
-        print("\nthe corpus and the older releases' own code together, precision only:\n")
+        builds = releases["releases"]
+        older = [v for v in sorted(release_roots) if is_release(v, builds[v])]
+        forks = [v for v in sorted(release_roots) if v not in older]
+        for versions, whose in ((older, "older SGLang releases'"), (forks, "SGLang forks'")):
+            if versions:
+                names = ", ".join(_build(v, builds[v]) for v in versions)
+                print(f"\n{whose} own code ({names}), precision only:\n")
+                print(table(release_scores(releases, versions), recall=False))
+        print("\nthe corpus and every build's own code together, precision only:\n")
+        own = release_scores(releases, sorted(release_roots))
         print(table(combined(scores(data, roots), own), recall=False))
     return 1 if problems else 0
 

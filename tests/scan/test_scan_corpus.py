@@ -9,9 +9,10 @@ is scanned where it is installed, the others from the wheels pip downloads.
 A new finding on a labelled file fails here until someone reads the code and labels
 it; so does a labelled finding that disappears (relabel it FN, or drop an FP).
 
-``tests/scan/corpus/releases.json`` does the same for the code of the older SGLang
-releases the release matrix covers that 0.5.23 does not have (their wheels, downloaded
-and checked against the recorded SHA-256).
+``tests/scan/corpus/releases.json`` does the same for the code of other SGLang builds
+that 0.5.23 does not have: the older releases the release matrix covers and
+KTransformers' fork sglang-kt (their wheels, downloaded and checked against the
+recorded SHA-256).
 """
 
 from __future__ import annotations
@@ -80,11 +81,12 @@ def wheel(
 def release(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, Path]:
-    """(version, its unpacked sglang) for each older release, downloaded with pip."""
+    """(its releases.json key, its unpacked sglang) for each other build, downloaded with pip."""
     version: str = request.param
     info = RELEASES["releases"][version]
-    into = tmp_path_factory.mktemp(f"sglang-{version}")
-    return version, _download(f"sglang=={version}", info, into, digest=info["sha256"]) / "sglang"
+    into = tmp_path_factory.mktemp(f"build-{version}")
+    wanted = scan_precision.requirement(version, info)
+    return version, _download(wanted, info, into, digest=info["sha256"]) / "sglang"
 
 
 def _download(
@@ -123,15 +125,20 @@ def test_the_release_labels_are_well_formed() -> None:
         assert label["rule"] in {f"KVC00{n}" for n in range(1, 8)}, label
         assert label["group"] in GROUPS, label
         assert len(label["reason"]) > 20, label
+        assert isinstance(label["function"], str), label
         assert label["releases"], label
         assert set(label["releases"]) <= versions, label
-        code = (label["path"], label["rule"], label["code"], label["occurrence"])
-        assert code not in codes, label
-        codes.add(code)
         for version, at in label["releases"].items():
+            # One label per code and build: a code the fork decides otherwise is split off.
+            code = (version, label["path"], label["rule"], label["function"], label["code"])
+            assert (*code, label["occurrence"]) not in codes, label
+            codes.add((*code, label["occurrence"]))
             place = (version, label["path"], at["line"], at["col"], label["rule"])
             assert place not in places, label
             places.add(place)
+    for version, info in RELEASES["releases"].items():
+        assert set(info) <= {"requirement", "wheel", "sha256"}, version
+        assert scan_precision.requirement(version, info).split("==")[1] in info["wheel"], version
     # A corpus file keeps its group in every release.
     corpus = {
         entry["path"]: entry["group"] for entry in DATA["files"] if entry["package"] == "sglang"
@@ -182,13 +189,16 @@ def test_precision_and_recall_on_target(sglang_root: Path) -> None:
 
     # The rules below target are the ones docs/scan.md names as such, with and without
     # model definitions: KVC004 (a gate in another module) and KVC007 (no true finding);
-    # on the older releases' own code, the rules whose family gates those releases spell
+    # on the other builds' own code, the rules whose family gates those builds spell
     # differently.
     assert below(integrations) == ["KVC004", "KVC007"]
     assert below(per_rule) == ["KVC004", "KVC007"]
-    versions = list(RELEASES["releases"])
-    releases = scan_precision.release_scores(RELEASES, versions)
-    together = scan_precision.combined(per_rule, releases)
+    builds = RELEASES["releases"]
+    older = [v for v, info in builds.items() if scan_precision.is_release(v, info)]
+    forks = [v for v in builds if v not in older]
+    assert forks == []
+    releases = scan_precision.release_scores(RELEASES, older)
+    together = scan_precision.combined(per_rule, scan_precision.release_scores(RELEASES, builds))
     shown = [scan_precision.table(t, recall=False) for t in (releases, together)]
     print("\n" + "\n\n".join(shown))
     assert below(releases) == ["KVC001", "KVC002", "KVC003", "KVC006"]
@@ -200,16 +210,15 @@ def test_precision_and_recall_on_target(sglang_root: Path) -> None:
 
 
 def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
-    """Own findings are the lines 0.5.23 lacks, counted by occurrence; tests are not."""
+    """Own findings are the lines 0.5.23 lacks, by function and occurrence; tests are not."""
     read = "def f(pool):\n    return pool.get_value_buffer(0)\n"
+    twice = "\n\ndef h(pool):\n    pool.get_kv_buffer(1)\n    pool.get_kv_buffer(1)\n"
     base = write_tree(tmp_path / "base", {"a.py": read})
     release = write_tree(
         tmp_path / "old",
         {
-            "a.py": read
-            + "\n\n"
-            + read.replace("f(", "g(")
-            + "\n\ndef h(pool):\n    pool.get_kv_buffer(1)\n",
+            # f's line is 0.5.23's; the same line in g is not (another function).
+            "a.py": read + "\n\n" + read.replace("f(", "g(") + twice,
             "test/kit.py": read,
             "test_a.py": read,
         },
@@ -217,29 +226,53 @@ def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
     data = {"labels": [
         {"package": "sglang", "path": "a.py", "line": 2, "col": 17, "rule": "KVC001", "label": "TP"}
     ]}  # fmt: skip
-    second = {"path": "a.py", "rule": "KVC001", "code": "return pool.get_value_buffer(0)",
-              "occurrence": 1, "releases": {"X": {"line": 6, "col": 17}}}  # fmt: skip
-    third = {"path": "a.py", "rule": "KVC002", "code": "pool.get_kv_buffer(1)",
-             "occurrence": 0, "releases": {"X": {"line": 10, "col": 10}}}  # fmt: skip
-    own, problems = scan_precision.check_release(
-        data, {"labels": [second, third]}, "X", release, base
-    )
-    assert problems == []
-    assert sorted(own) == [("a.py", 6, 17, "KVC001"), ("a.py", 10, 10, "KVC002")]
+    in_g = {
+        "path": "a.py",
+        "rule": "KVC001",
+        "function": "g",
+        "occurrence": 0,
+        "code": "return pool.get_value_buffer(0)",
+        "releases": {"X": {"line": 6, "col": 17}},
+    }
+    first = {
+        "path": "a.py",
+        "rule": "KVC002",
+        "function": "h",
+        "code": "pool.get_kv_buffer(1)",
+        "occurrence": 0,
+        "releases": {"X": {"line": 10, "col": 10}},
+    }
+    second = {**first, "occurrence": 1, "releases": {"X": {"line": 11, "col": 10}}}  # fmt: skip
 
-    _, problems = scan_precision.check_release(data, {"labels": [second]}, "X", release, base)
-    assert problems == ["sglang X: unlabelled finding: a.py:10:10 KVC002"]
-    wrong = {**second, "occurrence": 0}
-    _, problems = scan_precision.check_release(data, {"labels": [wrong, third]}, "X", release, base)
-    text = "'return pool.get_value_buffer(0)'"
-    assert problems == [
-        f"sglang X: a.py:6:17 KVC001 is occurrence 1 of {text}, labelled as occurrence 0 of {text}"
+    def problems(*labels: dict[str, Any], build: str = "X", **builds: Any) -> list[str]:
+        releases = {"releases": builds, "labels": list(labels)}
+        return scan_precision.check_release(data, releases, build, release, base)[1]
+
+    own, _ = scan_precision.check_release(
+        data, {"labels": [in_g, first, second]}, "X", release, base
+    )
+    assert sorted(own) == [("a.py", 6, 17, "KVC001"), ("a.py", 10, 10, "KVC002"),
+                           ("a.py", 11, 10, "KVC002")]  # fmt: skip
+    assert problems(in_g, first, second) == []
+    assert problems(in_g, first) == ["sglang X: unlabelled finding: a.py:11:10 KVC002"]
+    text = "'pool.get_kv_buffer(1)'"
+    expected = f"sglang X: a.py:11:10 KVC002 is occurrence 1 of {text} in h, labelled as"
+    assert problems(in_g, first, {**second, "occurrence": 0}) == [
+        f"{expected} occurrence 0 of {text} in h"
     ]
-    gone = {**third, "releases": {"X": {"line": 11, "col": 10}}}
-    _, problems = scan_precision.check_release(data, {"labels": [second, gone]}, "X", release, base)
-    assert problems == [
-        "sglang X: unlabelled finding: a.py:10:10 KVC002",
-        "sglang X: labelled but not reported: a.py:11:10 KVC002",
+    text = "'return pool.get_value_buffer(0)'"
+    expected = f"sglang X: a.py:6:17 KVC001 is occurrence 0 of {text} in g, labelled as"
+    assert problems({**in_g, "function": "f"}, first, second) == [
+        f"{expected} occurrence 0 of {text} in f"
+    ]
+    gone = {**second, "releases": {"X": {"line": 12, "col": 10}}}
+    assert problems(in_g, first, gone) == [
+        "sglang X: unlabelled finding: a.py:11:10 KVC002",
+        "sglang X: labelled but not reported: a.py:12:10 KVC002",
+    ]
+    fork = {"requirement": "sglang-fork==1.0", "wheel": "w", "sha256": "0"}
+    assert problems(in_g, first, build="X", X=fork) == [
+        "sglang-fork 1.0: unlabelled finding: a.py:11:10 KVC002"
     ]
 
 
