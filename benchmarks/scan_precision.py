@@ -8,17 +8,18 @@ those packages is copied here: the files are scanned where they are installed
 (SGLang) or from the wheels pip downloads.
 
 ``tests/scan/corpus/releases.json`` labels the code of other SGLang builds that 0.5.23
-does not have: the older releases the release matrix covers (0.5.12, 0.5.18, 0.5.20).
-That is every finding outside their tests whose line (path, rule, enclosing function,
-text, column in it, occurrence of that text in the function) is not a labelled 0.5.23
-finding, each line counted once however many builds carry it. Those count for precision
-only: no one read the whole files for misses.
+does not have: the older releases the release matrix covers (0.5.12, 0.5.18, 0.5.20) and
+KTransformers' fork, sglang-kt 0.7.2. That is every finding outside their tests whose line
+(path, rule, enclosing function, text, column in it, occurrence of that text in the
+function) is not a labelled 0.5.23 finding, each line counted once however many builds
+carry it. Those count for precision only: no one read the whole files for misses.
 
 Usage:
     python benchmarks/scan_precision.py                 # the installed sglang only
     python benchmarks/scan_precision.py --download      # and pip download the wheels
     python benchmarks/scan_precision.py --unpacked lmcache=DIR   # DIR: an unpacked wheel
     python benchmarks/scan_precision.py --release 0.5.20=DIR     # an older SGLang, unpacked
+    python benchmarks/scan_precision.py --release kt-0.7.2=DIR   # the sglang-kt fork, unpacked
 
 Prints one row per rule (TP, FP, FN, precision with its 95 % Wilson interval, recall) and
 the totals, on the whole corpus and without SGLang's model definitions, then the totals on
