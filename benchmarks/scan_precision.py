@@ -260,8 +260,7 @@ def _numbered(wheres: Iterable[Where], root: Path) -> dict[Where, CodeKey]:
 
 def requirement(version: str, info: Mapping[str, Any]) -> str:
     """What ``pip download`` fetches for a build of ``releases.json`` (SGLang's own by default)."""
-    named: str = info.get("requirement", f"sglang=={version}")
-    return named
+    return str(info.get("requirement", f"sglang=={version}"))
 
 
 def _build(version: str, info: Mapping[str, Any]) -> str:
@@ -503,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             if version in given_releases:
                 release_roots[version] = Path(given_releases[version]) / "sglang"
             elif args.download:
-                into = Path(tmp) / f"build-{len(release_roots)}"
+                into = Path(tmp) / f"build-{version}"
                 into.mkdir()
                 unpacked = download_wheel(
                     requirement(version, info), info["wheel"], into, digest=info["sha256"]

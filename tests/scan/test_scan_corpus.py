@@ -213,7 +213,8 @@ def test_precision_and_recall_on_target(sglang_root: Path) -> None:
 def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
     """Own findings are the lines 0.5.23 lacks, by function and occurrence; tests are not."""
     read = "def f(pool):\n    return pool.get_value_buffer(0)\n"
-    twice = "\n\ndef h(pool):\n    pool.get_kv_buffer(1)\n    pool.get_kv_buffer(1)\n"
+    call = "        pool.get_kv_buffer(1)\n"
+    twice = "\n\nclass C:\n    def h(self, pool):\n" + call + call  # a method: C.h
     base = write_tree(tmp_path / "base", {"a.py": read})
     release = write_tree(
         tmp_path / "old",
@@ -238,42 +239,42 @@ def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
     first = {
         "path": "a.py",
         "rule": "KVC002",
-        "function": "h",
+        "function": "C.h",
         "code": "pool.get_kv_buffer(1)",
         "occurrence": 0,
-        "releases": {"X": {"line": 10, "col": 10}},
+        "releases": {"X": {"line": 11, "col": 14}},
     }
-    second = {**first, "occurrence": 1, "releases": {"X": {"line": 11, "col": 10}}}  # fmt: skip
+    second = {**first, "occurrence": 1, "releases": {"X": {"line": 12, "col": 14}}}  # fmt: skip
 
-    def problems(*labels: dict[str, Any], build: str = "X", **builds: Any) -> list[str]:
+    def problems(*labels: dict[str, Any], **builds: Any) -> list[str]:
         releases = {"releases": builds, "labels": list(labels)}
-        return scan_precision.check_release(data, releases, build, release, base)[1]
+        return scan_precision.check_release(data, releases, "X", release, base)[1]
 
     own, _ = scan_precision.check_release(
         data, {"labels": [in_g, first, second]}, "X", release, base
     )
-    assert sorted(own) == [("a.py", 6, 17, "KVC001"), ("a.py", 10, 10, "KVC002"),
-                           ("a.py", 11, 10, "KVC002")]  # fmt: skip
+    assert sorted(own) == [("a.py", 6, 17, "KVC001"), ("a.py", 11, 14, "KVC002"),
+                           ("a.py", 12, 14, "KVC002")]  # fmt: skip
     assert problems(in_g, first, second) == []
-    assert problems(in_g, first) == ["sglang X: unlabelled finding: a.py:11:10 KVC002"]
+    assert problems(in_g, first) == ["sglang X: unlabelled finding: a.py:12:14 KVC002"]
     text = "'pool.get_kv_buffer(1)'"
-    expected = f"sglang X: a.py:11:10 KVC002 is occurrence 1 of {text} in h, labelled as"
+    expected = f"sglang X: a.py:12:14 KVC002 is occurrence 1 of {text} in C.h, labelled as"
     assert problems(in_g, first, {**second, "occurrence": 0}) == [
-        f"{expected} occurrence 0 of {text} in h"
+        f"{expected} occurrence 0 of {text} in C.h"
     ]
     text = "'return pool.get_value_buffer(0)'"
     expected = f"sglang X: a.py:6:17 KVC001 is occurrence 0 of {text} in g, labelled as"
     assert problems({**in_g, "function": "f"}, first, second) == [
         f"{expected} occurrence 0 of {text} in f"
     ]
-    gone = {**second, "releases": {"X": {"line": 12, "col": 10}}}
+    gone = {**second, "releases": {"X": {"line": 13, "col": 14}}}
     assert problems(in_g, first, gone) == [
-        "sglang X: unlabelled finding: a.py:11:10 KVC002",
-        "sglang X: labelled but not reported: a.py:12:10 KVC002",
+        "sglang X: unlabelled finding: a.py:12:14 KVC002",
+        "sglang X: labelled but not reported: a.py:13:14 KVC002",
     ]
     fork = {"requirement": "sglang-fork==1.0", "wheel": "w", "sha256": "0"}
-    assert problems(in_g, first, build="X", X=fork) == [
-        "sglang-fork 1.0: unlabelled finding: a.py:11:10 KVC002"
+    assert problems(in_g, first, X=fork) == [
+        "sglang-fork 1.0: unlabelled finding: a.py:12:14 KVC002"
     ]
 
 
