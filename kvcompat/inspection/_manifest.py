@@ -147,9 +147,17 @@ def _mamba_node(walk: Walk, mamba: Any, *, name: str, path: str) -> PoolManifest
     """A hybrid pool's linear-attention state: one view per mamba layer of each state tensor.
 
     Each state tensor leads with the mamba-layer axis; its per-layer view is
-    transferred one request slot per item, as SGLang registers it.
+    transferred one request slot per item, as SGLang registers it. The views carry the
+    model's layer ids where the pool keeps them (``mamba_layer_ids``); SGLang 0.5.12's pool
+    keeps only ``num_mamba_layers`` (the ids live in its request pool), so there the views
+    are transferable all the same, with no layer id.
     """
-    layers = [int(layer) for layer in static_attr(mamba, "mamba_layer_ids", None) or ()]
+    ids = static_attr(mamba, "mamba_layer_ids", None)
+    layers: list[tuple[int, ...]]
+    if ids is not None:
+        layers = [(int(layer),) for layer in ids]
+    else:
+        layers = [()] * (int_or_none(static_attr(mamba, "num_mamba_layers", None)) or 0)
     tensors: list[TensorManifest] = []
     for attr, value in vars_of(mamba).items():
         for where, tensor in tensors_in(value, join_path(path, attr)):
@@ -167,7 +175,7 @@ def _mamba_node(walk: Walk, mamba: Any, *, name: str, path: str) -> PoolManifest
                             path=f"{where}[{index}]",
                             role=Role.MAMBA_STATE,
                             component=name,
-                            layer_ids=(layer,),
+                            layer_ids=layer,
                             row_unit="slot",
                             regions=(region,),
                         )
@@ -180,7 +188,7 @@ def _mamba_node(walk: Walk, mamba: Any, *, name: str, path: str) -> PoolManifest
         role=Role.MAMBA_STATE,
         kind=None,
         native_class=qualified_name(type(mamba)),
-        layer_ids=tuple(sorted(layers)),
+        layer_ids=tuple(sorted(layer for ids_ in layers for layer in ids_)),
         page_size=None,
         token_capacity=int_or_none(static_attr(mamba, "size", None)),
         layout=None,

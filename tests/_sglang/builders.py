@@ -212,8 +212,9 @@ def build_hybrid_linear_pool(
     *,
     full_attention_layer_ids: Sequence[int] = (1, 3),
     start_layer: int = 0,
+    mamba_pool: Any = None,
 ) -> Any:
-    """``HybridLinearKVPool`` over an MHA sub-pool; ``mamba_pool=None`` (not needed for K/V).
+    """``HybridLinearKVPool`` over an MHA sub-pool; no ``mamba_pool`` unless one is given.
 
     The wrapper takes global ids of the full-attention layers and maps them to dense
     sub-pool ids; ``start_layer`` only shifts its layer-transfer wait. It has no ``end_layer``.
@@ -227,7 +228,7 @@ def build_hybrid_linear_pool(
         head_dim=HEAD_DIM,
         full_attention_layer_ids=list(full_attention_layer_ids),
         device=DEVICE,
-        mamba_pool=None,
+        mamba_pool=mamba_pool,
         enable_memory_saver=False,
         start_layer=start_layer,
         **_no_transpose(cls),

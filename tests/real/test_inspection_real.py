@@ -1,62 +1,35 @@
-"""Inspection of SGLang 0.5.23's own pool classes (skipped where sglang is not installed).
+"""Inspection of SGLang's own pool classes, under every release of the matrix.
 
 For every class that constructs on CPU (and the DeepSeek-V4 composite in each of its
 storage modes): no native getter, property or wait runs; every allocation is counted
 once; every path resolves; layer ids agree with the adapters; and the transfer
-descriptors equal SGLang's own ``get_*_buf_infos()`` where SGLang has them.
+descriptors equal SGLang's own ``get_*_buf_infos()`` where SGLang has them. A case whose
+class, constructor parameter or mode the installed release lacks is a capability skip
+(``_sglang.features``), counted per release by ``tests/release_matrix.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from _sglang import builders as b
-from _sglang.env import current_session, prepare_sglang, release_sglang, sglang_installed
+from _sglang.env import prepare_sglang
+from _sglang.features import ReleaseLacks, accepts, pool_class, require
+from inspection._guards import instrument, resolve_path, storage_total
 
 import kvcompat
 from kvcompat.adapters import LeafAdapter
-from kvcompat.inspection import Role, as_buf_infos, describe, memory_report, transfer_descriptors
-
-from ._guards import instrument, resolve_path, storage_total
-
-if not sglang_installed():
-    pytest.skip(
-        "sglang is not installed; see tests/real/README.md for the test environment",
-        allow_module_level=True,
-    )
-
-# Warnings SGLang's pool modules emit on import on a CPU-only machine (as in tests/real).
-pytestmark = [
-    pytest.mark.sglang,
-    pytest.mark.filterwarnings(
-        r"ignore:Only CUDA, HIP and XPU support AWQ currently\.:UserWarning:"
-        r"sglang\.srt\.layers\.quantization\.awq\.awq"
-    ),
-    pytest.mark.filterwarnings(
-        r"ignore:Only CUDA, MUSA and NPU support GGUF quantization currently\.:UserWarning:"
-        r"sglang\.srt\.layers\.quantization\.gguf"
-    ),
-    pytest.mark.filterwarnings(
-        r"ignore:`torch\.jit\.script_method` is deprecated:DeprecationWarning:torch\.jit\._script"
-    ),
-    pytest.mark.filterwarnings(
-        r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning"
-    ),
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def sglang_session() -> Iterator[None]:
-    """SGLang's pool modules and dummy runtime config (released only if we set them up)."""
-    owned = current_session() is None
-    prepare_sglang()
-    yield
-    if owned:
-        release_sglang()
-
+from kvcompat.inspection import (
+    Role,
+    TransferGroup,
+    as_buf_infos,
+    describe,
+    memory_report,
+    transfer_descriptors,
+)
 
 # -- builders ---------------------------------------------------------------------------------
 
@@ -81,24 +54,14 @@ def _hybrid_with_mamba() -> Any:
         mamba_layer_ids=[0, 2],
         device="cpu",
     )
-    return mp.HybridLinearKVPool(
-        size=64,
-        dtype=torch.bfloat16,
-        page_size=16,
-        head_num=2,
-        head_dim=8,
-        full_attention_layer_ids=[1, 3],
-        device="cpu",
-        mamba_pool=mamba,
-        enable_memory_saver=False,
-        start_layer=0,
-    )
+    return b.build_hybrid_linear_pool(mamba_pool=mamba)
 
 
 def _dsv4_low_ratios() -> Any:
     """V4.1 with ratio-1/2 kv-source layers: shared compressed buffers, fp4 indexers."""
-    d4 = prepare_sglang().deepseek_v4_memory_pool
-    return d4.DeepSeekV4TokenToKVPool(
+    cls = pool_class("DeepSeekV4TokenToKVPool")
+    require(accepts(cls, "kv_source_layers"), "DeepSeekV4TokenToKVPool(kv_source_layers=...)")
+    return cls(
         max_num_reqs=4,
         swa_size=256,
         c4_size=64,
@@ -125,15 +88,24 @@ def _dsv4_low_ratios() -> Any:
 
 def _dsv4_request_window() -> Any:
     """DSv4.1 encoder replay: the SWA lives in a per-request window, not a paged pool."""
-    from sglang.srt.runtime_context import get_exec
+    lacks = "DeepSeek-V4 request-window SWA (enable_encoder_swa_bounded_replay)"
+    try:
+        from sglang.srt.runtime_context import get_exec
+    except ModuleNotFoundError as exc:  # 0.5.12
+        raise ReleaseLacks(lacks) from exc
 
-    with get_exec().features.override(enable_encoder_swa_bounded_replay=True):
+    features = get_exec().features
+    require(hasattr(features, "enable_encoder_swa_bounded_replay"), lacks)
+    with features.override(enable_encoder_swa_bounded_replay=True):
         return b.build_dsv4_token_pool()
 
 
 def _dsv4_unified() -> Any:
     """ATOM ``unified_kv`` (HIP-only in SGLang): the gate is forced on to build it on CPU."""
-    import sglang.srt.layers.attention.dsv4.unified_kv_gate as gate
+    try:
+        import sglang.srt.layers.attention.dsv4.unified_kv_gate as gate
+    except ModuleNotFoundError as exc:
+        raise ReleaseLacks("DeepSeek-V4 unified_kv pools (unified_kv_gate)") from exc
 
     original = gate.is_unified_kv_triton
     gate.is_unified_kv_triton = lambda: True  # type: ignore[assignment]
@@ -145,7 +117,7 @@ def _dsv4_unified() -> Any:
 
 _KV = ("kv", "get_contiguous_buf_infos")
 _STATE = ("state", "get_state_buf_infos")
-_REQUEST = ("request_state", "get_request_state_buf_infos")
+_REQUEST = ("request_state", "get_request_state_buf_infos")  # 0.5.15-0.5.19: see _FORMERLY
 _RING = ("swa_ring", "get_unified_swa_ring_buf_infos")
 
 # case id -> (builder, SGLang's buf-info methods the descriptors must equal)
@@ -175,6 +147,10 @@ CASES: dict[str, tuple[Callable[[], Any], tuple[tuple[str, str], ...]]] = {
     "DeepSeekV4TokenToKVPool-request-window": (_dsv4_request_window, (_KV, _STATE, _REQUEST)),
     "DeepSeekV4TokenToKVPool-unified": (_dsv4_unified, (_KV, _STATE, _REQUEST, _RING)),
 }
+
+# SGLang's earlier name of a buf-info method, tried where a release lacks the current one:
+# 0.5.15-0.5.19 register the c128 compress states through get_c128_state_buf_infos().
+_FORMERLY = {"get_request_state_buf_infos": "get_c128_state_buf_infos"}
 
 COMPARISONS = [
     pytest.param(case, group, method, id=f"{case}-{group}")
@@ -260,6 +236,9 @@ def test_layer_ids_agree_with_the_adapter(adaptable_case: str) -> None:
 @pytest.mark.parametrize(("case_id", "group", "method"), COMPARISONS)
 def test_descriptors_equal_sglang_buf_infos(case_id: str, group: str, method: str) -> None:
     native = _build(case_id)
+    if not hasattr(native, method) and hasattr(native, _FORMERLY.get(method, "")):
+        method = _FORMERLY[method]
+    require(hasattr(native, method), f"{type(native).__name__}.{method}")
     theirs = tuple(list(column) for column in getattr(native, method)())
     ours = as_buf_infos(transfer_descriptors(native, group=group))
     assert ours == theirs, f"{case_id}: {group} differs from {method}()"
@@ -295,15 +274,24 @@ def test_dsv4_memory_is_reported_where_sglang_reports_zero() -> None:
 def test_dsv4_manifest_covers_every_part() -> None:
     native = b.build_dsv4_token_pool()
     manifest = describe(native)
-    assert manifest.layout == native.pd_kv_layout() == "v4,c4:v4,c128:v4"
+    assert manifest.layout == "v4,c4:v4,c128:v4"
+    if hasattr(native, "pd_kv_layout"):  # from 0.5.21
+        assert manifest.layout == native.pd_kv_layout()
     parts = {node.name: node for node in manifest.children}
     assert parts["swa"].path == "swa_kv_pool"
-    assert parts["c4"].path == "kv_pools[4]"
-    assert parts["c4_indexer"].path == "index_pools[4]"
+    # The compressed pools are kept in dicts from 0.5.20, in named attributes before.
+    keyed = isinstance(getattr(native, "kv_pools", None), dict)
+    assert parts["c4"].path == ("kv_pools[4]" if keyed else "c4_kv_pool")
+    assert parts["c4_indexer"].path == ("index_pools[4]" if keyed else "c4_indexer_kv_pool")
     assert parts["c4_indexer"].layout == "dsv4_indexer_fp8"
     assert parts["c4"].details["compress_ratio"] == 4
     assert parts["c128_state"].role is Role.COMPRESS_STATE
-    assert parts["c128_state"].details["request_scoped"] is True
+    # c128 states ship apart from the page states where SGLang registers them apart
+    # (0.5.15 on); 0.5.12-0.5.14 keep them in get_state_buf_infos().
+    apart = any(hasattr(native, m) for m in ("get_request_state_buf_infos", *_FORMERLY.values()))
+    groups = {r.group for e in parts["c128_state"].tensors for r in e.regions}
+    assert groups == {TransferGroup.REQUEST_STATE if apart else TransferGroup.STATE}
+    assert parts["c128_state"].details.get("request_scoped", apart) is apart  # 0.5.21 on
     assert [e.path for e in parts["c4_state"].tensors] == [
         "compress_state_pools[1].kv_score_buffer.kv_score"
     ]
