@@ -1,5 +1,8 @@
 """Run the real-SGLang tier under every SGLang release with DeepSeek-V4 pools (``make releases``).
 
+The tier is ``tests/real`` plus the layout oracles (``tests/layouts/test_layouts_oracles.py``:
+kvcompat's codecs byte for byte against each release's own quantizers, readers and stores).
+
 Each release other than the test venv's own (0.5.23) is an *overlay*: ``pip install --no-deps
 --target .sglang-releases/<X> -r requirements/sglang-releases/<X>.txt`` (sglang itself plus the
 few pins that release needs), put first on ``PYTHONPATH`` on top of the 0.5.23 venv. Measured in
@@ -41,6 +44,8 @@ RELEASES = ("0.5.12", "0.5.18", "0.5.20", "0.5.23")
 """The first release with DSv4 pools, the August-2026 state (= 0.5.19's DSv4 files), the
 ``kv_pools`` refactor, and the test venv's own release."""
 BASE = "0.5.23"
+TIER = ("tests/real", "tests/layouts/test_layouts_oracles.py")
+"""What runs under each release: the real tier and the layout oracles."""
 OVERLAYS = ROOT / ".sglang-releases"
 REQUIREMENTS = ROOT / "requirements" / "sglang-releases"
 DATA = ROOT / "docs" / "_data" / "sglang-matrix"
@@ -131,9 +136,9 @@ def check_version(release: str, overlay: Path | None) -> None:
 
 
 def run_tier(release: str, overlay: Path | None, junit: Path) -> tuple[int, float]:
-    """Run ``tests/real`` under ``release``; its exit status and wall seconds."""
+    """Run the tier (:data:`TIER`) under ``release``; its exit status and wall seconds."""
     command = [
-        _python(), "-m", "pytest", "tests/real", "-q", "-p", "no:cacheprovider",
+        _python(), "-m", "pytest", *TIER, "-q", "-p", "no:cacheprovider",
         "-rfE", "--tb=short", f"--junitxml={junit}",
     ]  # fmt: skip
     print(f"== SGLang {release}: {' '.join(command)}", flush=True)
@@ -216,7 +221,9 @@ def render(results: list[dict[str, Any]]) -> str:
         "     docs/_data/sglang-matrix/*.json; do not edit by hand. -->",
         "",
         "kvcompat is tested against the real pool classes of every SGLang release listed",
-        "here: the whole real tier (`tests/real`) runs under each one. Releases other than the",
+        "here: the whole real tier (`tests/real`) and the layout oracles (kvcompat's codecs",
+        "byte for byte against the release's own quantizers, readers and stores,",
+        "`tests/layouts/test_layouts_oracles.py`) run under each one. Releases other than the",
         "test environment's own are overlays (`pip install --no-deps --target",
         ".sglang-releases/<X> -r requirements/sglang-releases/<X>.txt` on top of it). Which",
         "constructor arguments, attributes and methods a release has is read from its classes,",

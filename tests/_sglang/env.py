@@ -43,6 +43,7 @@ __all__ = [
     "STUB_DIR",
     "SGLangSession",
     "current_session",
+    "install_torchvision_stub",
     "prepare_sglang",
     "release_sglang",
     "sglang_installed",
@@ -132,7 +133,13 @@ def _working_torchvision() -> bool:
     return True
 
 
-def _install_torchvision_stub() -> bool:
+def install_torchvision_stub() -> bool:
+    """Put the import-only torchvision stub on ``sys.path`` unless a real one works here.
+
+    Returns whether the stub is in use. :func:`prepare_sglang` calls it; so does the layout
+    oracle runner, whose checks import SGLang modules without a session (0.5.12-0.5.20
+    import torchvision from ``sglang.srt.utils``).
+    """
     if _working_torchvision():
         return False
     stub = str(STUB_DIR)
@@ -250,7 +257,7 @@ def prepare_sglang() -> SGLangSession:
         msg = "sglang is not installed; see tests/real/README.md for the test environment"
         raise ModuleNotFoundError(msg, name="sglang")
 
-    stubbed = _install_torchvision_stub()
+    stubbed = install_torchvision_stub()
     cache_dir = Path(tempfile.mkdtemp(prefix="kvcompat-sglang-cache-"))
     saved: dict[str, str | None] = {}
     _set_env(saved, cache_dir)

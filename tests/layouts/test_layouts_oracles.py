@@ -1,9 +1,11 @@
-"""kvcompat's codecs against SGLang 0.5.23's own code, run on CPU.
+"""kvcompat's codecs against the installed SGLang release's own code, run on CPU.
 
 The comparisons live in ``_oracle/sglang_oracles.py`` (its docstring says what is compared
 byte for byte and what the Triton interpreter cannot show); they run in one subprocess
 with ``TRITON_INTERPRET=1`` set before triton is imported, so this process's triton (if
-any) is untouched. Skipped when sglang is not installed.
+any) is untouched. Skipped when sglang is not installed. The release matrix
+(``tests/release_matrix.py``) runs it under every release it covers; a check whose code a
+release does not have is a capability skip there ("release lacks: ...").
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ from _oracle._common import (
     check,
     fail_or_pass,
     interp_round,
+    interpreted,
+    sglang_code,
     tile_values,
 )
 from kvcompat.layouts import (
@@ -43,7 +45,11 @@ def dsa_quantize_triton() -> Result:
     kernel multiplies by fl(1/448) and clamps NaN to +448, which kvcompat follows (checked
     byte for byte on an H200). So: SGLang's bytes against the interpreter's arithmetic,
     kvcompat's against the GPU's, both on the same inputs."""
-    from sglang.kernels.ops.quantization.dsa_quant_k_cache import quantize_k_cache_separate
+    quantize_k_cache_separate = sglang_code(  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12 (NSA)
+        ("sglang.kernels.ops.quantization.dsa_quant_k_cache", "quantize_k_cache_separate"),
+        ("sglang.kernels.ops.attention.dsa.quant_k_cache", "quantize_k_cache_separate"),
+        ("sglang.srt.layers.attention.nsa.quant_k_cache", "quantize_k_cache_separate"),
+    )
 
     n = 24
     values = tile_values(n, 576, 128, seed=31, dtype=torch.bfloat16)
@@ -85,10 +91,9 @@ def dsa_quantize_triton() -> Result:
 )
 def dsa_pool_store() -> Result:
     from _sglang.builders import radix_layer
-    from _sglang.env import prepare_sglang
+    from _sglang.features import pool_class
 
-    module = prepare_sglang().memory_pool
-    pool = module.DSATokenToKVPool(
+    pool = pool_class("DSATokenToKVPool")(
         size=128,
         page_size=64,
         kv_lora_rank=512,
@@ -111,7 +116,8 @@ def dsa_pool_store() -> Result:
     # Slot 0 is skipped by SGLang's MLA scatter (reserved for CUDA-graph padding).
     loc = 1 + torch.randperm(buf.shape[0] - 1, generator=torch.Generator().manual_seed(5))[:n]
 
-    pool.set_mla_kv_buffer(radix_layer(0), loc, values[:, None, :512], values[:, None, 512:])
+    with interpreted("DSATokenToKVPool.set_mla_kv_buffer"):
+        pool.set_mla_kv_buffer(radix_layer(0), loc, values[:, None, :512], values[:, None, 512:])
     quantize(DSA_FP8, values, ours, loc, 64)
     ours_rows = ours.view(torch.uint8).reshape(buf.shape[0], 656)
     theirs_rows = buf.view(torch.uint8).reshape(buf.shape[0], 656)
@@ -141,7 +147,11 @@ def dsa_pool_store() -> Result:
     compared="the fp32 products (the interpreter truncates to bf16) and rope",
 )
 def dsa_dequant_triton() -> Result:
-    from sglang.kernels.ops.attention.dsa.dequant_k_cache import dequantize_k_cache_paged_dsa
+    dequantize_k_cache_paged_dsa = sglang_code(  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12 (NSA)
+        ("sglang.kernels.ops.attention.dsa.dequant_k_cache", "dequantize_k_cache_paged_dsa"),
+        ("sglang.kernels.ops.attention.dsa.dequant_k_cache", "dequantize_k_cache_paged"),
+        ("sglang.srt.layers.attention.nsa.dequant_k_cache", "dequantize_k_cache_paged"),
+    )
 
     rows = 40
     g = torch.Generator().manual_seed(6)

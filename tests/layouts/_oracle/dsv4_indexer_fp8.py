@@ -79,7 +79,8 @@ def dsa_index_k_cache_store() -> Result:
 
     pool = build_dsa_pool()
     view = pool.get_index_k_with_scale_buffer(0)
-    page = int(pool.index_page_size)
+    # 0.5.21 on may page the index keys apart from the KV; before, they share page_size.
+    page = int(getattr(pool, "index_page_size", pool.page_size))
     expected = view.clone()
     loc = torch.randperm(view.shape[0] * page, generator=torch.Generator().manual_seed(4))[:7]
     values = tile_values(loc.numel(), 128, 128, seed=12, dtype=torch.bfloat16)

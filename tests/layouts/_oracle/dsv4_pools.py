@@ -52,9 +52,11 @@ def layout_geometry() -> Result:
 )
 def dsv4_pool_buffers() -> Result:
     from _sglang.env import prepare_sglang
+    from _sglang.features import require
 
     session = prepare_sglang()
     module = session.deepseek_v4_memory_pool
+    require(session.kv_layout, "KVLayout (kv_layout.py, 0.5.21 on)")
     kv_layout = session.kv_layout.KVLayout
     problems, seen = [], []
     for member in (KVLayout_ for KVLayout_ in kv_layout if KVLayout_.value != "uniform_fp8"):

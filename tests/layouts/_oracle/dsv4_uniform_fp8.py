@@ -25,11 +25,10 @@ from kvcompat.layouts import (
     compared="pool buffer after bf16 and fp32 writes, values above 448 and NaN included",
 )
 def uniform_fp8_pool_store() -> Result:
-    from _sglang.env import prepare_sglang
+    from _sglang.features import pool_class
 
-    module = prepare_sglang().deepseek_v4_memory_pool
     page_size, n = 4, 10
-    pool = module.DeepSeekV4UniformFP8KVPool(
+    pool = pool_class("DeepSeekV4UniformFP8KVPool")(
         size=32,
         page_size=page_size,
         dtype=torch.float8_e4m3fn,

@@ -11,6 +11,7 @@ from _oracle._common import (
     interp_round,
     nan_aware_equal,
     pages_for,
+    sglang_code,
     tile_values,
 )
 from kvcompat.layouts import (
@@ -50,23 +51,35 @@ def _interpreter_blind_spots(
     return blind
 
 
-def _v4_dequant_vs_triton(*, fnuz: bool) -> Result:
-    from sglang.kernels.ops.attention.dsv4 import dequant_k_cache as dq
+_V4_READER = (  # 0.5.21 on, then 0.5.13-0.5.20 (0.5.12 has no V4 reader of its own)
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged_dsv4"),
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged"),
+)
+_V4_READER_KERNEL = (
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "_dequantize_k_cache_paged_kernel"),
+)
 
+
+def _v4_dequant_vs_triton(*, fnuz: bool) -> Result:
     page_size = 4
     buf, loc, codes_and_scales = _exhaustive_v4_tokens(page_size)
     ours = dequantize(V4, buf, loc, page_size, fnuz=fnuz)
     if fnuz:
+        kernel = sglang_code(*_V4_READER_KERNEL)
         n = loc.numel()
         theirs = torch.empty(n, 1, 512, dtype=torch.bfloat16)
-        dq._dequantize_k_cache_paged_kernel[(-(-n // 4),)](
+        # 0.5.21 on: several tokens per program; before, one program per token.
+        per_prog = 4 if "TOKENS_PER_PROG" in kernel.arg_names else 1
+        counts = (n,) if per_prog > 1 else ()
+        extra = {"TOKENS_PER_PROG": per_prog} if per_prog > 1 else {}
+        kernel[(-(-n // per_prog),)](
             theirs,
             buf.view(torch.float8_e4m3fnuz).reshape(-1),
             buf.view(torch.bfloat16).reshape(-1),
             buf.reshape(-1),
             loc,
             theirs.stride(0),
-            n,
+            *counts,
             BYTES_PER_PAGE=buf.shape[1],
             PAGE_SIZE=page_size,
             DIM_NOPE=448,
@@ -76,10 +89,10 @@ def _v4_dequant_vs_triton(*, fnuz: bool) -> Result:
             NOPE_ROPE_BYTES=576,
             PADDED_SCALE_PER_TOKEN=8,
             S_OFFSET_BYTES=page_size * 576,
-            TOKENS_PER_PROG=4,
+            **extra,
         )
     else:
-        theirs = dq.dequantize_k_cache_paged_dsv4(buf, loc, page_size)
+        theirs = sglang_code(*_V4_READER)(buf, loc, page_size)
     theirs = theirs.reshape(-1, 512)
     equal = nan_aware_equal(ours, theirs)
     blind = _interpreter_blind_spots(codes_and_scales, ours, fnuz=fnuz)
@@ -121,12 +134,14 @@ def v4_fnuz_dequant_triton() -> Result:
     compared="all codes x all scale bytes",
 )
 def v4_dequant_torch_reference() -> Result:
-    from sglang.test.kernels.deepseek_v4 import k_cache_reference as ref
-
+    reference = sglang_code(  # 0.5.21 on, then 0.5.13-0.5.20
+        ("sglang.test.kernels.deepseek_v4.k_cache_reference", "dequantize_k_cache_paged_ref"),
+        ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged_ref"),
+    )
     page_size = 4
     buf, loc, _ = _exhaustive_v4_tokens(page_size)
     ours = dequantize(V4, buf, loc, page_size)
-    theirs = ref.dequantize_k_cache_paged_ref(buf, loc, page_size).reshape(-1, 512)
+    theirs = reference(buf, loc, page_size).reshape(-1, 512)
     equal = nan_aware_equal(ours, theirs)
     detail = f"{equal.numel()} values exact, scale byte 0 read as 0 by both"
     return fail_or_pass([f"{int((~equal).sum())} mismatches"] if (~equal).any() else [], detail)
@@ -139,17 +154,20 @@ def v4_dequant_torch_reference() -> Result:
     result="exact (placement, pad byte, padding)",
 )
 def v4_pack_store_triton() -> Result:
-    from sglang.kernels.ops.kvcache.dsv4_main_kv_store import (
-        NopeFp8RopeBf16Pack,
-        _set_k_and_s_triton,
+    places = (  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12
+        "sglang.kernels.ops.kvcache.dsv4_main_kv_store",
+        "sglang.kernels.ops.attention.dsv4.index_buf_accessor",
+        "sglang.srt.layers.attention.dsv4.index_buf_accessor",
     )
+    store = sglang_code(*((module, "_set_k_and_s_triton") for module in places))
+    pack_class = sglang_code(*((module, "NopeFp8RopeBf16Pack") for module in places))
 
     problems = []
     for page_size in (2, 4, 64):
         n = 12
         values = tile_values(n, 512, 64, seed=page_size, dtype=torch.bfloat16)
         data, scale = V4.codec.encode(V4, values, fnuz=False)
-        pack = NopeFp8RopeBf16Pack(
+        pack = pack_class(
             k_nope_fp8=data[:, :448].contiguous().view(torch.float8_e4m3fn),
             k_rope_bf16=data[:, 448:].contiguous().view(torch.bfloat16),
             scale_k_nope_ue8m0=scale.contiguous(),
@@ -158,7 +176,7 @@ def v4_pack_store_triton() -> Result:
         g = torch.Generator().manual_seed(page_size)
         loc = torch.randperm(before.shape[0] * page_size, generator=g)[:n]
         theirs, ours = before.clone(), before.clone()
-        _set_k_and_s_triton(theirs, loc, pack, page_size)
+        store(theirs, loc, pack, page_size)
         quantize(V4, values, ours, loc, page_size)
         if not torch.equal(ours, theirs):
             problems.append(f"P={page_size}: {int((ours != theirs).sum())} bytes differ")
@@ -166,7 +184,9 @@ def v4_pack_store_triton() -> Result:
 
 
 def _v4_store_vs_hip_triton(*, fnuz: bool) -> Result:
-    from sglang.kernels.ops.kvcache import triton_store_cache as hip
+    kernel = sglang_code(  # 0.5.18 on
+        ("sglang.kernels.ops.kvcache.triton_store_cache", "_triton_fused_store_flashmla_kernel")
+    )
 
     page_size, n = 4, 16
     # Tile maxima >= 448 * 1e-4, so the CUDA (1e-4) and HIP (1e-8) floors never apply.
@@ -177,7 +197,7 @@ def _v4_store_vs_hip_triton(*, fnuz: bool) -> Result:
     loc = loc[:n]
     theirs, ours = before.clone(), before.clone()
     limit = 240.0 if fnuz else 448.0
-    hip._triton_fused_store_flashmla_kernel[(n, 8)](
+    kernel[(n, 8)](
         values,
         theirs.view(torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn),
         theirs.view(torch.bfloat16),
@@ -252,3 +272,44 @@ def v4_hip_store_triton_e4m3fn() -> Result:
 )
 def v4_fnuz_hip_store_triton() -> Result:
     return _v4_store_vs_hip_triton(fnuz=True)
+
+
+@check(
+    V4,
+    code="`quant_to_nope_fp8_rope_bf16_pack_triton` (V4 quantizer: codes, UE8M0 scales, rope)",
+    compared="scale bytes and rope exact; codes against the interpreter's rounding of kvcompat's "
+    "fp32 values",
+)
+def v4_quantize_triton() -> Result:
+    """SGLang's own V4 quantizer, the one release 0.5.12 has besides the pack store.
+
+    Its floor is 1e-8, kvcompat's (the CUDA store's) 1e-4: every tile here has a maximum
+    of at least 448 * 1e-4, where the two agree."""
+    quantizer = sglang_code(  # 0.5.21 on (a test reference), 0.5.13-0.5.20, 0.5.12
+        ("sglang.test.kernels.deepseek_v4.k_cache_reference", _V4_QUANTIZER),
+        ("sglang.kernels.ops.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
+        ("sglang.srt.layers.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
+    )
+    n = 16
+    values = tile_values(n, 512, 64, seed=13, dtype=torch.bfloat16, exponents=(-3, 12))
+    values[:5, :64] = values[5:10, :64]  # drop the special tiles (zeros, tiny values)
+    pack = quantizer(values)
+    data, scale = V4.codec.encode(V4, values, fnuz=False)
+    problems = []
+    if not torch.equal(pack.scale_k_nope_ue8m0.view(torch.uint8), scale[:, :7]):
+        problems.append("scale bytes differ")
+    if not torch.equal(pack.k_rope_bf16.contiguous().view(torch.uint8), data[:, 448:]):
+        problems.append("rope bytes differ")
+    exponent = scale[:, :7].to(torch.int32) - 127
+    inverse = torch.exp2(-exponent.float()).repeat_interleave(64, dim=1)
+    scaled = (values[:, :448].float() * inverse).clamp(-448.0, 448.0)
+    theirs = pack.k_nope_fp8.view(torch.uint8)
+    if not torch.equal(theirs, interp_round(scaled)):
+        problems.append("SGLang's codes are not the interpreter's rounding of kvcompat's values")
+    if not torch.equal(data[:, :448], scaled.to(torch.float8_e4m3fn).view(torch.uint8)):
+        problems.append("kvcompat's codes are not RNE of its values")
+    ties = int((data[:, :448] != theirs).sum())
+    return fail_or_pass(problems, f"{n} tokens: scales and rope exact, {ties} tie codes differ")
+
+
+_V4_QUANTIZER = "quant_to_nope_fp8_rope_bf16_pack_triton"

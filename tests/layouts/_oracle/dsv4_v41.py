@@ -3,6 +3,8 @@ Triton readers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from _oracle._common import (
@@ -10,6 +12,7 @@ from _oracle._common import (
     check,
     fail_or_pass,
     nan_aware_equal,
+    sglang_code,
     tile_values,
 )
 from kvcompat.layouts import (
@@ -24,11 +27,16 @@ from kvcompat.layouts import (
 from kvcompat.layouts._addressing import gather_rows, scatter_rows
 
 
+def _v41_reference() -> Any:
+    """SGLang's torch reference of the V4.1 layouts (0.5.21 on; earlier releases lack V4.1)."""
+    return sglang_code(("sglang.test.kernels.deepseek_v4", "dsv41_kv_quant_reference"))
+
+
 def _v41_reference_store(spec: LayoutSpec, *, non_finite: bool) -> Result:
     """Whole pages against the torch reference; with NaN/inf, the tiles holding them are
     excluded: there kvcompat follows the CUDA store (verified on an H200), which does not
     poison the tile the way the reference does."""
-    from sglang.test.kernels.deepseek_v4 import dsv41_kv_quant_reference as ref
+    ref = _v41_reference()
 
     fp4 = spec.data_encoding.value == "e2m1x2"
     problems, excluded = [], 0
@@ -105,18 +113,17 @@ def _exhaustive_v41_tokens(
 
 
 def _v41_dequant_vs_triton(spec: LayoutSpec) -> Result:
-    from sglang.kernels.ops.attention.dsv4 import dequant_k_cache as dq
-
     fp4 = spec.data_encoding.value == "e2m1x2"
     page_size = 4
     buf, loc, data, scales = _exhaustive_v41_tokens(spec, page_size)
     n = loc.numel()
     ours = dequantize(spec, buf, loc, page_size)
     theirs = torch.empty(n, 1, 512, dtype=torch.bfloat16)
-    kernel = (
-        dq._dequantize_k_cache_paged_v41_fp4_kernel
-        if fp4
-        else dq._dequantize_k_cache_paged_v41_fp8_kernel
+    kernel = sglang_code(  # 0.5.21 on (V4.1 is not in earlier releases)
+        (
+            "sglang.kernels.ops.attention.dsv4.dequant_k_cache",
+            f"_dequantize_k_cache_paged_v41_{'fp4' if fp4 else 'fp8'}_kernel",
+        )
     )
     data_stride, scale_base, scale_stride = spec.row_addressing(page_size)
     kernel[(n,)](
@@ -170,7 +177,7 @@ for _spec in (V41, V41_NEW, V41_FP4, V41_FP4_NEW):
 
 
 def _v41_dequant_vs_reference(spec: LayoutSpec) -> Result:
-    from sglang.test.kernels.deepseek_v4 import dsv41_kv_quant_reference as ref
+    ref = _v41_reference()
 
     fp4 = spec.data_encoding.value == "e2m1x2"
     page_size = 4

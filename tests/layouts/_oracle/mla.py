@@ -8,6 +8,7 @@ from _oracle._common import (
     Result,
     check,
     fail_or_pass,
+    interpreted,
 )
 from kvcompat.layouts import (
     dequantize,
@@ -31,7 +32,8 @@ def mla_pool_store() -> Result:
         loc = 1 + torch.randperm(79, generator=g)[:20]  # slot 0 is skipped by SGLang
         rows = torch.randn(20, 1, 48, generator=g).to(torch.bfloat16)
 
-        pool.set_mla_kv_buffer(radix_layer(0), loc, rows[..., :32], rows[..., 32:])
+        with interpreted("MLATokenToKVPool.set_mla_kv_buffer"):
+            pool.set_mla_kv_buffer(radix_layer(0), loc, rows[..., :32], rows[..., 32:])
         quantize(spec, rows, ours, loc, 16)
         if not torch.equal(ours.view(torch.uint8), pool.kv_buffer[0].view(torch.uint8)):
             problems.append(f"{dtype}: set_mla_kv_buffer bytes differ")

@@ -1,11 +1,13 @@
-"""Compare kvcompat.layouts with SGLang 0.5.23's own layout code, on CPU.
+"""Compare kvcompat.layouts with the installed SGLang release's own layout code, on CPU.
 
 The checks live in one oracle module per layout module (``_oracle/<module>.py``,
 discovered by the ``_oracle`` package); this script runs them. Run it in a fresh process
 with ``TRITON_INTERPRET=1`` (set before triton is imported) and SGLang's caches pointed
 at a temporary folder; ``test_layouts_oracles.py`` does that. Each check prints one
 JSON line ``{"check", "status", "detail"}`` with status ``pass``, ``fail`` or ``skip``;
-the exit code is 0 unless the script itself breaks.
+the exit code is 0 unless the script itself breaks. Each check finds its SGLang code where
+the installed release keeps it (``_common.sglang_code``); code a release does not have is a
+``skip`` whose detail starts with "release lacks:".
 Importing this module (or the ``_oracle`` package, to read ``CHECKS``) imports neither
 sglang nor triton.
 
@@ -44,6 +46,9 @@ if __name__ == "__main__":  # run as a script: make the repository and the tests
             sys.path.insert(0, str(_path))
     sys.path.remove(str(Path(__file__).resolve().parent))  # only ever import _oracle.<name>
 
+from _sglang.env import install_torchvision_stub
+from _sglang.features import ReleaseLacks
+
 from _oracle import CHECKS
 
 __all__ = ["CHECKS", "main"]
@@ -51,11 +56,17 @@ __all__ = ["CHECKS", "main"]
 
 def main(argv: list[str]) -> int:
     names = argv or list(CHECKS)
+    install_torchvision_stub()
     for name in names:
         try:
             status, detail = CHECKS[name]()
+        except ReleaseLacks as exc:  # a class or parameter the installed release lacks
+            status, detail = "skip", str(exc)
         except ModuleNotFoundError as exc:
-            status, detail = "skip", f"{exc}"
+            if (exc.name or "").startswith("sglang."):  # an older release: not there yet
+                status, detail = "skip", str(ReleaseLacks(f"module {exc.name}"))
+            else:
+                status, detail = "skip", f"{exc}"
         except Exception:
             status, detail = "fail", traceback.format_exc(limit=8)
         record: dict[str, Any] = {"check": name, "status": status, "detail": detail}
