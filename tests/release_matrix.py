@@ -1,7 +1,9 @@
 """Run the real-SGLang tier under every SGLang release with DeepSeek-V4 pools (``make releases``).
 
 The tier is ``tests/real`` plus the layout oracles (``tests/layouts/test_layouts_oracles.py``:
-kvcompat's codecs byte for byte against each release's own quantizers, readers and stores).
+kvcompat's codecs byte for byte against each release's own quantizers, readers and stores)
+and the adversarial tier's cases on SGLang's pools (bad inputs, faults mid-write, races):
+every test marked ``sglang`` under those paths.
 
 Each release other than the test venv's own (0.5.23) is an *overlay*: ``pip install --no-deps
 --target .sglang-releases/<X> -r requirements/sglang-releases/<X>.txt`` (sglang itself plus the
@@ -44,8 +46,8 @@ RELEASES = ("0.5.12", "0.5.18", "0.5.20", "0.5.23")
 """The first release with DSv4 pools, the August-2026 state (= 0.5.19's DSv4 files), the
 ``kv_pools`` refactor, and the test venv's own release."""
 BASE = "0.5.23"
-TIER = ("tests/real", "tests/layouts/test_layouts_oracles.py")
-"""What runs under each release: the real tier and the layout oracles."""
+TIER = ("tests/real", "tests/layouts/test_layouts_oracles.py", "tests/adversarial", "-m", "sglang")
+"""What runs under each release: the tests of these paths that build SGLang objects."""
 OVERLAYS = ROOT / ".sglang-releases"
 REQUIREMENTS = ROOT / "requirements" / "sglang-releases"
 DATA = ROOT / "docs" / "_data" / "sglang-matrix"
@@ -221,9 +223,11 @@ def render(results: list[dict[str, Any]]) -> str:
         "     docs/_data/sglang-matrix/*.json; do not edit by hand. -->",
         "",
         "kvcompat is tested against the real pool classes of every SGLang release listed",
-        "here: the whole real tier (`tests/real`) and the layout oracles (kvcompat's codecs",
-        "byte for byte against the release's own quantizers, readers and stores,",
-        "`tests/layouts/test_layouts_oracles.py`) run under each one. Releases other than the",
+        "here: the whole real tier (`tests/real`), the layout oracles (kvcompat's codecs byte",
+        "for byte against the release's own quantizers, readers and stores,",
+        "`tests/layouts/test_layouts_oracles.py`) and the adversarial cases on SGLang's pools",
+        "(bad inputs, faults mid-write, races; `tests/adversarial`) run under each one.",
+        "Releases other than the",
         "test environment's own are overlays (`pip install --no-deps --target",
         ".sglang-releases/<X> -r requirements/sglang-releases/<X>.txt` on top of it). Which",
         "constructor arguments, attributes and methods a release has is read from its classes,",

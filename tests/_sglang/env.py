@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "IMPORT_WARNING_FILTERS",
     "STUB_DIR",
     "SGLangSession",
     "current_session",
@@ -48,6 +49,33 @@ __all__ = [
     "release_sglang",
     "sglang_installed",
 ]
+
+# Warnings SGLang's pool modules emit on import on a CPU-only machine (every release of the
+# matrix). Each is ignored narrowly (message, category, emitting module), and only for the
+# tests that build SGLang objects (tests/real, the sglang cases of tests/adversarial).
+IMPORT_WARNING_FILTERS = (
+    # sglang.srt.layers.quantization imports every quantization method; two of them warn at
+    # import time that the platform lacks their kernels. Nothing here quantizes.
+    (
+        r"ignore:Only CUDA, HIP and XPU support AWQ currently\.:UserWarning:"
+        r"sglang\.srt\.layers\.quantization\.awq\.awq"
+    ),
+    (
+        r"ignore:Only CUDA, MUSA and NPU support GGUF quantization currently\.:UserWarning:"
+        r"sglang\.srt\.layers\.quantization\.gguf"
+    ),
+    # torch.fx.experimental.optimization (pulled in by SGLang) imports torch.utils.mkldnn,
+    # whose ScriptModules use the deprecated torch.jit.script_method decorator: torch's own.
+    r"ignore:`torch\.jit\.script_method` is deprecated:DeprecationWarning:torch\.jit\._script",
+    # transformers imports sentencepiece, a SWIG extension whose builtin types lack
+    # __module__; CPython reports that from the import machinery.
+    r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning",
+    # 0.5.12 only: its FLA utilities warn at import that Triton has no GPU driver here.
+    (
+        r"ignore:Triton is not supported on current platform, roll back to CPU\.:UserWarning:"
+        r"sglang\.srt\.layers\.attention\.fla\.utils"
+    ),
+)
 
 STUB_DIR = Path(__file__).resolve().parent / "stubs"
 """Folder holding the import-only ``torchvision`` stub package."""

@@ -194,13 +194,15 @@ REAL_CASES = [
     Case("sglang-k-only", lambda: _builders().build_k_only_pool(), real=True),
     Case("sglang-mla", lambda: _builders().build_mla_pool(start_layer=1), real=True),
     Case("sglang-dsa-bf16", lambda: _builders().build_dsa_pool(), real=True),
+    # V4 is the default layout, and the only one before 0.5.21 (no kv_layout parameter).
+    Case("sglang-dsv4-v4", lambda: _builders().build_dsv4_single_pool(), real=True),
     *(
         Case(
             f"sglang-dsv4-{layout}",
             lambda layout=layout: _builders().build_dsv4_single_pool(kv_layout=layout),  # type: ignore[misc]
             real=True,
         )
-        for layout in ("v4", "v41", "v41_fp4", "v41_new", "v41_fp4_new")
+        for layout in ("v41", "v41_fp4", "v41_new", "v41_fp4_new")
     ),
     Case("sglang-dsv4-uniform-fp8", lambda: _builders().build_dsv4_uniform_fp8_pool(), real=True),
     Case("sglang-hisparse-c4", lambda: _builders().build_hisparse_c4_pool(), real=True),

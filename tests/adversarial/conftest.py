@@ -1,8 +1,9 @@
 """Set-up of the adversarial tier (``tests/adversarial``).
 
-* Cases built from SGLang 0.5.23's own classes carry the ``sglang`` marker and are skipped
-  (with the reason) where sglang is not installed; they get the same narrow import-warning
-  filters as ``tests/real``.
+* Cases built from SGLang's own classes carry the ``sglang`` marker and are skipped (with
+  the reason) where sglang is not installed; they get the same narrow import-warning
+  filters as ``tests/real`` (``_sglang.env.IMPORT_WARNING_FILTERS``). The release matrix
+  runs them under every release it covers.
 * Every test records how many bad inputs, faults or races it tried (``_harness.tried``);
   the terminal summary prints the tier's figure: "N bad inputs / faults tried: clear
   error, 0 bytes changed".
@@ -11,27 +12,13 @@
 from __future__ import annotations
 
 import pytest
-from _sglang.env import sglang_installed
+from _sglang.env import IMPORT_WARNING_FILTERS, sglang_installed
 
 from ._harness import TRIED
 
 _SKIP_REASON = (
     "sglang is not installed; these cases need `pip install --no-deps sglang==0.5.23` plus "
     "`pip install --no-deps -r requirements/sglang-cpu.txt` (see tests/real/README.md)"
-)
-
-# The warnings SGLang 0.5.23's pool modules emit on import (see tests/real/conftest.py).
-_IMPORT_WARNING_FILTERS = (
-    (
-        r"ignore:Only CUDA, HIP and XPU support AWQ currently\.:UserWarning:"
-        r"sglang\.srt\.layers\.quantization\.awq\.awq"
-    ),
-    (
-        r"ignore:Only CUDA, MUSA and NPU support GGUF quantization currently\.:UserWarning:"
-        r"sglang\.srt\.layers\.quantization\.gguf"
-    ),
-    r"ignore:`torch\.jit\.script_method` is deprecated:DeprecationWarning:torch\.jit\._script",
-    r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning",
 )
 
 
@@ -41,7 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("sglang") is None:
             continue
-        for spec in _IMPORT_WARNING_FILTERS:
+        for spec in IMPORT_WARNING_FILTERS:
             item.add_marker(pytest.mark.filterwarnings(spec))
         if not installed:
             item.add_marker(pytest.mark.skip(reason=_SKIP_REASON))

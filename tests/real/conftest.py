@@ -6,8 +6,9 @@
 * One session-scoped fixture pays the 4-11 s module import once and installs the dummy
   published runtime config; it is undone when the session ends.
 * The repository turns warnings into errors. Importing SGLang's pool modules emits a few
-  warnings that say nothing about kvcompat; they are ignored below, each one narrowly (by
-  message, category and emitting module) and only for this tier's tests.
+  warnings that say nothing about kvcompat; they are ignored, each one narrowly (by
+  message, category and emitting module) and only for this tier's tests
+  (``_sglang.env.IMPORT_WARNING_FILTERS``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _sglang.env import SGLangSession, prepare_sglang, release_sglang, sglang_installed
+from _sglang.env import (
+    IMPORT_WARNING_FILTERS,
+    SGLangSession,
+    prepare_sglang,
+    release_sglang,
+    sglang_installed,
+)
 from _sglang.features import SKIP_PREFIX, release
 
 _TIER_DIR = Path(__file__).resolve().parent
@@ -25,31 +32,6 @@ _TIER_DIR = Path(__file__).resolve().parent
 _SKIP_REASON = (
     "sglang is not installed; the real-SGLang tier needs `pip install --no-deps sglang==0.5.23` "
     "plus `pip install --no-deps -r requirements/sglang-cpu.txt` (see tests/real/README.md)"
-)
-
-# Warnings emitted while importing SGLang 0.5.23's pool modules on a CPU-only machine.
-_IMPORT_WARNING_FILTERS = (
-    # sglang.srt.layers.quantization imports every quantization method; two of them warn at
-    # import time that the platform lacks their kernels. Nothing here quantizes.
-    (
-        r"ignore:Only CUDA, HIP and XPU support AWQ currently\.:UserWarning:"
-        r"sglang\.srt\.layers\.quantization\.awq\.awq"
-    ),
-    (
-        r"ignore:Only CUDA, MUSA and NPU support GGUF quantization currently\.:UserWarning:"
-        r"sglang\.srt\.layers\.quantization\.gguf"
-    ),
-    # torch.fx.experimental.optimization (pulled in by SGLang) imports torch.utils.mkldnn,
-    # whose ScriptModules use the deprecated torch.jit.script_method decorator: torch's own.
-    r"ignore:`torch\.jit\.script_method` is deprecated:DeprecationWarning:torch\.jit\._script",
-    # transformers imports sentencepiece, a SWIG extension whose builtin types lack
-    # __module__; CPython reports that from the import machinery.
-    r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning",
-    # 0.5.12 only: its FLA utilities warn at import that Triton has no GPU driver here.
-    (
-        r"ignore:Triton is not supported on current platform, roll back to CPU\.:UserWarning:"
-        r"sglang\.srt\.layers\.attention\.fla\.utils"
-    ),
 )
 
 
@@ -80,7 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not _in_tier(item):
             continue
         item.add_marker(pytest.mark.sglang)
-        for spec in _IMPORT_WARNING_FILTERS:
+        for spec in IMPORT_WARNING_FILTERS:
             item.add_marker(pytest.mark.filterwarnings(spec))
         if not installed:
             item.add_marker(pytest.mark.skip(reason=_SKIP_REASON))
