@@ -259,6 +259,24 @@ def test_sglang_triton_readers_are_reproduced(spec: LayoutSpec) -> None:
 
 
 @pytest.mark.sglang
+def test_sglang_triton_v4_quantizer_is_reproduced() -> None:
+    """``quant_to_nope_fp8_rope_bf16_pack_triton`` (a test reference in 0.5.21 on, the V4
+    quantizer of 0.5.12-0.5.20) with real GPU rounding: codes, scales and rope bytes.
+
+    Its floor is 1e-8, kvcompat's (the CUDA store's) 1e-4: every tile here has a maximum
+    of at least 448 * 1e-4, where the two agree."""
+    reference = _import("sglang.test.kernels.deepseek_v4.k_cache_reference")
+    n = 256
+    values = tile_values(n, V4, seed=13, dtype=torch.bfloat16, low=-3, high=12)
+    pack = reference.quant_to_nope_fp8_rope_bf16_pack_triton(values.cuda())
+    data, scale = V4.codec.encode(V4, values, fnuz=False)
+    assert torch.equal(pack.scale_k_nope_ue8m0.view(torch.uint8).cpu(), scale[:, :7])
+    assert torch.equal(pack.k_rope_bf16.contiguous().view(torch.uint8).cpu(), data[:, 448:])
+    codes = pack.k_nope_fp8.view(torch.uint8).cpu()
+    assert torch.equal(codes, data[:, :448]), int((codes != data[:, :448]).sum())
+
+
+@pytest.mark.sglang
 def test_sglang_dsa_triton_kernels_are_reproduced() -> None:
     quant = _import("sglang.kernels.ops.quantization.dsa_quant_k_cache")
     dequant = _import("sglang.kernels.ops.attention.dsa.dequant_k_cache")

@@ -3,7 +3,8 @@
 The GPU tier (``tests/layouts/test_layouts_gpu.py``) compares kvcompat with SGLang's own
 kernels: its CUDA JIT stores (compiled from ``sglang/kernels/jit``) and its Triton readers
 and stores under ``sglang/kernels/ops``. A device without network cannot install SGLang's
-dependency tree, so this script copies the installed sglang's ``kernels`` package
+dependency tree, so this script copies the installed sglang's ``kernels`` package and its
+DeepSeek-V4 test references (``test/kernels/deepseek_v4``: the V4 Triton quantizer)
 **unmodified** and writes explicit stand-ins for the few ``sglang.srt`` helpers that the
 kernels' import chain needs (platform probes, ``envs``, decorators), each answering as an
 NVIDIA CUDA GPU would (not HIP, XPU, NPU or MUSA; no Blackwell paths). Any other
@@ -110,10 +111,13 @@ def build(sglang_dir: Path, out: Path) -> Path:
     package = out / "sglang"
     if package.exists():
         shutil.rmtree(package)
-    shutil.copytree(
-        sglang_dir / "kernels", package / "kernels", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(sglang_dir / "kernels", package / "kernels", ignore=skip)
+    references = Path("test") / "kernels" / "deepseek_v4"
+    shutil.copytree(sglang_dir / references, package / references, ignore=skip)
     (package / "__init__.py").write_text("")
+    for parent in (Path("test"), Path("test") / "kernels"):  # SGLang's are empty too
+        (package / parent / "__init__.py").write_text("")
     for relative, text in STAND_INS.items():
         path = package / relative
         path.parent.mkdir(parents=True, exist_ok=True)
