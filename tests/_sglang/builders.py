@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import torch
 
-from _sglang.features import ReleaseLacks, accepts, pool_class
+from _sglang.features import ReleaseLacks, accepts, pool_class, require
 
 __all__ = [
     "DSV4_LAYOUT_DIMS",
@@ -400,8 +400,12 @@ def build_dsv4_token_pool(
     kv_layout: str | None = None,
     page_size: int = 256,
     allow_short_swa: bool = False,
+    **newer: Any,
 ) -> Any:
     """``DeepSeekV4TokenToKVPool``: SWA main cache + c4/c128 compressed caches + c4 indexer.
+
+    ``newer`` are constructor arguments only some releases take (``kv_source_layers``,
+    ``full_size``): :class:`ReleaseLacks` where the installed class does not take one.
 
     ``start_layer`` without ``end_layer`` builds the whole model's stage; 0.5.12 then still
     gives the SWA pool only ``layer_num`` buffers (fewer than the stage's layers, an
@@ -424,6 +428,8 @@ def build_dsv4_token_pool(
         stage = {"start_layer": start_layer, **({} if end is None else {"end_layer": end})}
         layer_num = (len(ratios) if end is None else end) - start_layer
     layout = _layout_kwargs(cls, kv_layout)
+    for name in newer:
+        require(accepts(cls, name), f"DeepSeekV4TokenToKVPool({name}=...)")
     if accepts(cls, "c4_state_dtype"):
         states = {"c4_state_dtype": torch.float32, "c128_state_dtype": torch.float32}
     else:  # 0.5.12-0.5.13: one state dtype for both compress-state pools
@@ -448,6 +454,7 @@ def build_dsv4_token_pool(
         compression_ratios=ratios,
         **stage,
         **layout,
+        **newer,
     )
     swa = getattr(pool, "swa_kv_pool", None)
     stage_layers = pool._stage_end - pool._stage_start

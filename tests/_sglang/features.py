@@ -150,15 +150,20 @@ def cpu_kernel(feature: str) -> Iterator[None]:
     """Turn "this native call needs a GPU kernel on this release" into :class:`ReleaseLacks`.
 
     Older releases run some writers through a Triton kernel (``set_mla_kv_buffer`` before
-    0.5.21), which fails on a CPU-only machine while Triton looks for a GPU driver. Only
-    that failure (Triton's ``0 active drivers``) becomes a skip; anything else propagates.
+    0.5.21), which fails on a CPU-only machine: while Triton looks for a GPU driver
+    (``0 active drivers``), or, under ``TRITON_INTERPRET=1`` (the layout oracles), where
+    the interpreter rejects the kernel's masks (``mask has unsupported dtype``). Only those
+    two failures become a skip; anything else propagates.
     """
     try:
         yield
-    except RuntimeError as exc:
-        if "active drivers" not in str(exc):
+    except Exception as exc:  # RuntimeError, or triton's InterpreterError
+        if not any(sign in str(exc) for sign in _NO_CPU_KERNEL):
             raise
         raise ReleaseLacks(feature, "a CPU implementation") from exc
+
+
+_NO_CPU_KERNEL: Final = ("active drivers", "mask has unsupported dtype")
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import pytest
 import torch
 from _sglang import builders as b
 from _sglang.env import prepare_sglang
-from _sglang.features import ReleaseLacks, accepts, pool_class, require
+from _sglang.features import ReleaseLacks, require
 from inspection._guards import instrument, resolve_path, storage_total
 
 import kvcompat
@@ -59,30 +59,11 @@ def _hybrid_with_mamba() -> Any:
 
 def _dsv4_low_ratios() -> Any:
     """V4.1 with ratio-1/2 kv-source layers: shared compressed buffers, fp4 indexers."""
-    cls = pool_class("DeepSeekV4TokenToKVPool")
-    require(accepts(cls, "kv_source_layers"), "DeepSeekV4TokenToKVPool(kv_source_layers=...)")
-    return cls(
-        max_num_reqs=4,
-        swa_size=256,
-        c4_size=64,
-        c128_size=4,
-        c4_state_pool_size=4,
-        c128_state_pool_size=4,
-        page_size=256,
-        swa_page_size=256,
-        dtype=torch.float8_e4m3fn,
-        c4_state_dtype=torch.float32,
-        c128_state_dtype=torch.float32,
-        qk_nope_head_dim=448,
-        qk_rope_head_dim=64,
-        indexer_head_dim=128,
-        layer_num=6,
-        device="cpu",
-        enable_memory_saver=False,
-        compression_ratios=[0, 1, 1, 2, 4, 128],
+    return b.build_dsv4_token_pool(
+        compression_ratios=(0, 1, 1, 2, 4, 128),
+        kv_layout="v41",
         kv_source_layers=[1, 3],
         full_size=256,
-        kv_layout="v41",
     )
 
 

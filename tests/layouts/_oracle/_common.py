@@ -8,9 +8,8 @@ covers. Importing this module imports neither sglang nor triton.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -72,25 +71,6 @@ def sglang_code(*places: tuple[str, str]) -> Any:
                 raise
     wanted = " or ".join(f"{module}.{name}" for module, name in places)
     raise ReleaseLacks(wanted)
-
-
-@contextlib.contextmanager
-def interpreted(feature: str) -> Iterator[None]:
-    """Turn "this release's kernel does not run under the Triton interpreter" into a skip.
-
-    SGLang 0.5.12-0.5.20 write MLA and DSA rows with a Triton kernel whose masks the CPU
-    interpreter rejects (``mask has unsupported dtype``); 0.5.21 on write them in torch off
-    CUDA. Only that error becomes :class:`~_sglang.features.ReleaseLacks`.
-    """
-    from _sglang.features import ReleaseLacks
-    from triton.runtime.errors import InterpreterError
-
-    try:
-        yield
-    except InterpreterError as exc:
-        if "mask has unsupported dtype" not in str(exc):
-            raise
-        raise ReleaseLacks(feature, "a writer that runs under the Triton interpreter") from exc
 
 
 def tile_values(

@@ -9,7 +9,6 @@ from _oracle._common import (
     check,
     fail_or_pass,
     interp_round,
-    interpreted,
     sglang_code,
     tile_values,
 )
@@ -91,7 +90,7 @@ def dsa_quantize_triton() -> Result:
 )
 def dsa_pool_store() -> Result:
     from _sglang.builders import radix_layer
-    from _sglang.features import pool_class
+    from _sglang.features import cpu_kernel, pool_class
 
     pool = pool_class("DSATokenToKVPool")(
         size=128,
@@ -116,7 +115,7 @@ def dsa_pool_store() -> Result:
     # Slot 0 is skipped by SGLang's MLA scatter (reserved for CUDA-graph padding).
     loc = 1 + torch.randperm(buf.shape[0] - 1, generator=torch.Generator().manual_seed(5))[:n]
 
-    with interpreted("DSATokenToKVPool.set_mla_kv_buffer"):
+    with cpu_kernel("DSATokenToKVPool.set_mla_kv_buffer"):
         pool.set_mla_kv_buffer(radix_layer(0), loc, values[:, None, :512], values[:, None, 512:])
     quantize(DSA_FP8, values, ours, loc, 64)
     ours_rows = ours.view(torch.uint8).reshape(buf.shape[0], 656)

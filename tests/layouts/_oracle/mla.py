@@ -8,7 +8,6 @@ from _oracle._common import (
     Result,
     check,
     fail_or_pass,
-    interpreted,
 )
 from kvcompat.layouts import (
     dequantize,
@@ -22,6 +21,7 @@ from kvcompat.layouts import (
 )
 def mla_pool_store() -> Result:
     from _sglang.builders import build_mla_pool, radix_layer
+    from _sglang.features import cpu_kernel
 
     problems = []
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
@@ -32,7 +32,7 @@ def mla_pool_store() -> Result:
         loc = 1 + torch.randperm(79, generator=g)[:20]  # slot 0 is skipped by SGLang
         rows = torch.randn(20, 1, 48, generator=g).to(torch.bfloat16)
 
-        with interpreted("MLATokenToKVPool.set_mla_kv_buffer"):
+        with cpu_kernel("MLATokenToKVPool.set_mla_kv_buffer"):
             pool.set_mla_kv_buffer(radix_layer(0), loc, rows[..., :32], rows[..., 32:])
         quantize(spec, rows, ours, loc, 16)
         if not torch.equal(ours.view(torch.uint8), pool.kv_buffer[0].view(torch.uint8)):
