@@ -183,15 +183,48 @@ def v4_pack_store_triton() -> Result:
     return fail_or_pass(problems, "SetKAndS and kvcompat write identical pages (P=2,4,64)")
 
 
+def _floor_free_values(n: int, seed: int) -> torch.Tensor:
+    """V4 rows whose tile maxima are >= 448 * 1e-4: the CUDA store's floor (1e-4, which
+    kvcompat follows) and the HIP store's and quantizer's (1e-8) never apply."""
+    values = tile_values(n, 512, 64, seed=seed, dtype=torch.bfloat16, exponents=(-3, 12))
+    values[:5, :64] = values[5:10, :64]  # drop the special tiles (zeros, tiny values)
+    return values
+
+
+def _code_problems(
+    values: torch.Tensor,
+    scale_bytes: torch.Tensor,
+    ours: torch.Tensor,
+    theirs: torch.Tensor,
+    *,
+    fnuz: bool,
+) -> list[str]:
+    """The nope codes of an interpreted SGLang quantizer against kvcompat's.
+
+    Both divide by the power of two of kvcompat's scale bytes (``[n, 7]``), exactly, so
+    the fp32 values are the same: SGLang's codes must be the interpreter's rounding of
+    them, kvcompat's codes round-to-nearest-even. ``ours`` / ``theirs``: ``[n, 448]`` uint8.
+    """
+    limit = 240.0 if fnuz else 448.0
+    exponent = scale_bytes.to(torch.int32) - 127
+    inverse = torch.exp2(-exponent.float()).repeat_interleave(64, dim=1)
+    scaled = (values[:, :448].float() * inverse).clamp(-limit, limit)
+    dtype = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+    problems = []
+    if not torch.equal(theirs, interp_round(scaled, fnuz=fnuz)):
+        problems.append("SGLang's codes are not the interpreter's rounding of kvcompat's values")
+    if not torch.equal(ours, scaled.to(dtype).view(torch.uint8)):
+        problems.append("kvcompat's codes are not RNE of its values")
+    return problems
+
+
 def _v4_store_vs_hip_triton(*, fnuz: bool) -> Result:
     kernel = sglang_code(  # 0.5.18 on
         ("sglang.kernels.ops.kvcache.triton_store_cache", "_triton_fused_store_flashmla_kernel")
     )
 
     page_size, n = 4, 16
-    # Tile maxima >= 448 * 1e-4, so the CUDA (1e-4) and HIP (1e-8) floors never apply.
-    values = tile_values(n, 512, 64, seed=11, dtype=torch.bfloat16, exponents=(-3, 12))
-    values[:5, :64] = values[5:10, :64]  # drop the special tiles (zeros, tiny values)
+    values = _floor_free_values(n, seed=11)
     before = pages_for(V4, page_size, 6, seed=5)
     loc = torch.randperm(before.shape[0] * page_size, generator=torch.Generator().manual_seed(2))
     loc = loc[:n]
@@ -235,15 +268,13 @@ def _v4_store_vs_hip_triton(*, fnuz: bool) -> Result:
         problems.append("scale bytes differ")
     if not torch.equal(flat_ours[data_at[:, 448:]], flat_theirs[data_at[:, 448:]]):
         problems.append("rope bytes differ")
-    exponent = flat_ours[scale_at[:, :7]].to(torch.int32) - 127
-    inverse = torch.exp2(-exponent.float()).repeat_interleave(64, dim=1)
-    scaled = (values[:, :448].float() * inverse).clamp(-limit, limit)
-    dtype = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
-    if not torch.equal(flat_theirs[data_at[:, :448]], interp_round(scaled, fnuz=fnuz)):
-        problems.append("SGLang's codes are not the interpreter's rounding of kvcompat's values")
-    rne = scaled.to(dtype).view(torch.uint8)
-    if not torch.equal(flat_ours[data_at[:, :448]], rne):
-        problems.append("kvcompat's codes are not RNE of its values")
+    problems += _code_problems(
+        values,
+        flat_ours[scale_at[:, :7]],
+        flat_ours[data_at[:, :448]],
+        flat_theirs[data_at[:, :448]],
+        fnuz=fnuz,
+    )
     untouched = torch.ones_like(flat_ours, dtype=torch.bool)
     untouched[data_at.reshape(-1)] = False
     untouched[scale_at[:, :7].reshape(-1)] = False
@@ -281,18 +312,14 @@ def v4_fnuz_hip_store_triton() -> Result:
     "fp32 values",
 )
 def v4_quantize_triton() -> Result:
-    """SGLang's own V4 quantizer, the one release 0.5.12 has besides the pack store.
-
-    Its floor is 1e-8, kvcompat's (the CUDA store's) 1e-4: every tile here has a maximum
-    of at least 448 * 1e-4, where the two agree."""
+    """SGLang's own V4 quantizer, the one release 0.5.12 has besides the pack store."""
     quantizer = sglang_code(  # 0.5.21 on (a test reference), 0.5.13-0.5.20, 0.5.12
         ("sglang.test.kernels.deepseek_v4.k_cache_reference", _V4_QUANTIZER),
         ("sglang.kernels.ops.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
         ("sglang.srt.layers.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
     )
     n = 16
-    values = tile_values(n, 512, 64, seed=13, dtype=torch.bfloat16, exponents=(-3, 12))
-    values[:5, :64] = values[5:10, :64]  # drop the special tiles (zeros, tiny values)
+    values = _floor_free_values(n, seed=13)
     pack = quantizer(values)
     data, scale = V4.codec.encode(V4, values, fnuz=False)
     problems = []
@@ -300,14 +327,8 @@ def v4_quantize_triton() -> Result:
         problems.append("scale bytes differ")
     if not torch.equal(pack.k_rope_bf16.contiguous().view(torch.uint8), data[:, 448:]):
         problems.append("rope bytes differ")
-    exponent = scale[:, :7].to(torch.int32) - 127
-    inverse = torch.exp2(-exponent.float()).repeat_interleave(64, dim=1)
-    scaled = (values[:, :448].float() * inverse).clamp(-448.0, 448.0)
     theirs = pack.k_nope_fp8.view(torch.uint8)
-    if not torch.equal(theirs, interp_round(scaled)):
-        problems.append("SGLang's codes are not the interpreter's rounding of kvcompat's values")
-    if not torch.equal(data[:, :448], scaled.to(torch.float8_e4m3fn).view(torch.uint8)):
-        problems.append("kvcompat's codes are not RNE of its values")
+    problems += _code_problems(values, scale[:, :7], data[:, :448], theirs, fnuz=False)
     ties = int((data[:, :448] != theirs).sum())
     return fail_or_pass(problems, f"{n} tokens: scales and rope exact, {ties} tie codes differ")
 
