@@ -23,6 +23,7 @@ an ``int`` (passed through).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, Final
@@ -42,6 +43,7 @@ __all__ = [
     "build_dsv4_indexer_pool",
     "build_dsv4_single_pool",
     "build_dsv4_token_pool",
+    "build_dsv4_unified_pool",
     "build_dsv4_uniform_fp8_pool",
     "build_hisparse_c4_pool",
     "build_hybrid_linear_pool",
@@ -462,6 +464,25 @@ def build_dsv4_token_pool(
         feature = "DeepSeekV4TokenToKVPool sizing its SWA pool to the stage without end_layer"
         raise ReleaseLacks(feature, f"{len(swa.kv_buffer)} SWA buffers for {stage_layers} layers")
     return pool
+
+
+def build_dsv4_unified_pool() -> Any:
+    """``DeepSeekV4TokenToKVPool`` in ATOM's ``unified_kv`` mode (from 0.5.21).
+
+    SGLang builds it only on HIP; its gate (``unified_kv_gate.is_unified_kv_triton``) is
+    forced on for the construction and restored after. :class:`ReleaseLacks` where the
+    release has no such gate.
+    """
+    try:
+        gate = importlib.import_module("sglang.srt.layers.attention.dsv4.unified_kv_gate")
+    except ModuleNotFoundError as exc:
+        raise ReleaseLacks("DeepSeek-V4 unified_kv pools (unified_kv_gate)") from exc
+    original = gate.is_unified_kv_triton
+    gate.is_unified_kv_triton = lambda: True
+    try:
+        return build_dsv4_token_pool()
+    finally:
+        gate.is_unified_kv_triton = original
 
 
 STAGED_BUILDERS: Final[tuple[tuple[str, Callable[..., Any], str], ...]] = (

@@ -81,21 +81,6 @@ def _dsv4_request_window() -> Any:
         return b.build_dsv4_token_pool()
 
 
-def _dsv4_unified() -> Any:
-    """ATOM ``unified_kv`` (HIP-only in SGLang): the gate is forced on to build it on CPU."""
-    try:
-        import sglang.srt.layers.attention.dsv4.unified_kv_gate as gate
-    except ModuleNotFoundError as exc:
-        raise ReleaseLacks("DeepSeek-V4 unified_kv pools (unified_kv_gate)") from exc
-
-    original = gate.is_unified_kv_triton
-    gate.is_unified_kv_triton = lambda: True  # type: ignore[assignment]
-    try:
-        return b.build_dsv4_token_pool()
-    finally:
-        gate.is_unified_kv_triton = original
-
-
 _KV = ("kv", "get_contiguous_buf_infos")
 _STATE = ("state", "get_state_buf_infos")
 _REQUEST = ("request_state", "get_request_state_buf_infos")  # 0.5.15-0.5.19: see _FORMERLY
@@ -126,7 +111,7 @@ CASES: dict[str, tuple[Callable[[], Any], tuple[tuple[str, str], ...]]] = {
     ),
     "DeepSeekV4TokenToKVPool-v41-low-ratios": (_dsv4_low_ratios, (_KV, _STATE, _REQUEST)),
     "DeepSeekV4TokenToKVPool-request-window": (_dsv4_request_window, (_KV, _STATE, _REQUEST)),
-    "DeepSeekV4TokenToKVPool-unified": (_dsv4_unified, (_KV, _STATE, _REQUEST, _RING)),
+    "DeepSeekV4TokenToKVPool-unified": (b.build_dsv4_unified_pool, (_KV, _STATE, _REQUEST, _RING)),
 }
 
 # SGLang's earlier name of a buf-info method, tried where a release lacks the current one:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from _sglang.builders import build_dsv4_unified_pool
 from _sglang.features import require
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -154,28 +155,10 @@ def _regions(pool: Any) -> dict[tuple[str, str], torch.Tensor]:
     }
 
 
-def _build_unified() -> Any:
-    """SGLang's DeepSeekV4TokenToKVPool in ``unified_kv`` mode (HIP-only in SGLang: the
-    gate is forced on to build it on the CPU)."""
-    from _sglang.builders import build_dsv4_token_pool
-
-    try:
-        gate = importlib.import_module("sglang.srt.layers.attention.dsv4.unified_kv_gate")
-    except ModuleNotFoundError:
-        require(False, "DeepSeek-V4 unified_kv pools (unified_kv_gate)")
-
-    original = gate.is_unified_kv_triton
-    gate.is_unified_kv_triton = lambda: True
-    try:
-        return build_dsv4_token_pool()
-    finally:
-        gate.is_unified_kv_triton = original
-
-
 @pytest.fixture(scope="module")
 def unified() -> Any:
     pytest.importorskip("sglang")
-    return _build_unified()
+    return build_dsv4_unified_pool()
 
 
 @pytest.mark.parametrize(("slot", "seq_len"), [(0, 300), (2, 128), (3, 129), (1, 1), (4, 511)])
@@ -217,7 +200,7 @@ def test_ring_rows_with_a_ring_wider_than_the_window(
 
 def test_ring_rows_move_row_for_row_between_slots(unified: Any) -> None:
     """Prefill slot 1 -> decode slot 3: exactly the window's rows move, each to its twin."""
-    other = _build_unified()
+    other = build_dsv4_unified_pool()
     randomise(unified, seed=3)
     randomise(other, seed=4)
     before_src, before_dst = _regions(unified), _regions(other)
