@@ -4,6 +4,7 @@
   stub, cache folders, one-off module import, dummy published runtime config.
 * :mod:`_sglang.builders` -- one ``build_*`` function per constructible pool class.
 * :mod:`_sglang.cases` -- :data:`POOL_CASES`: class x start_layer cases with expected facts.
+* :mod:`_sglang.places` -- where each release keeps its layout code (oracles, GPU tiers).
 * :mod:`_sglang.legacy` -- a test double of the pre-0.5.23 ``DeepSeekV4SingleKVPool``.
 
 Importable as ``_sglang`` because pytest puts ``tests/`` on ``sys.path`` (``tests/real`` is a

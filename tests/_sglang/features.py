@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.metadata
 import inspect
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ __all__ = [
     "pool_class",
     "release",
     "require",
+    "sglang_code",
 ]
 
 SKIP_PREFIX: Final = "release lacks:"
@@ -143,6 +145,35 @@ def mha_fuses_k_and_v(native: Any) -> bool:
     ``model_layer_ids``, which the same release added to every MHA pool.
     """
     return "model_layer_ids" in vars(native)
+
+
+def sglang_code(*places: tuple[str, str]) -> Any:
+    """The first ``(module, name)`` of ``places`` that the installed SGLang release has
+    (``name`` an attribute or a submodule).
+
+    SGLang moves its layout code between releases: 0.5.12 keeps the DeepSeek-V4 and DSA
+    codecs under ``sglang.srt.layers.attention``, 0.5.13-0.5.20 under
+    ``sglang.kernels.ops.attention``, and 0.5.21 on under ``sglang.kernels.ops.kvcache``,
+    ``sglang.kernels.ops.quantization`` and ``sglang.test.kernels`` (some renamed). Each check
+    lists the places newest first (:mod:`_sglang.places`), so every release is compared with
+    its own code; a release that has none of them lacks it (:class:`ReleaseLacks`, a skip).
+    """
+    for module_name, name in places:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module_name + ".").startswith(exc.name + "."):
+                continue  # this release has no such module
+            raise
+        if hasattr(module, name):
+            return getattr(module, name)
+        try:  # ``name`` may be a submodule not imported yet
+            return importlib.import_module(f"{module_name}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{module_name}.{name}":
+                raise
+    wanted = " or ".join(f"{module}.{name}" for module, name in places)
+    raise ReleaseLacks(wanted)
 
 
 @contextlib.contextmanager

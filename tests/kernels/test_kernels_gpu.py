@@ -10,7 +10,6 @@ Results of the last run are in docs/kernels.md.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +39,8 @@ from _kernel_checks import (
     roundtrip_random,
     write_matches_twin,
 )
+from _sglang import places
+from _sglang.features import sglang_code
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -297,19 +298,12 @@ def test_cuda_graph_capture_and_replay(spec: LayoutSpec) -> None:
         assert torch.equal(as_bytes(buf), as_bytes(expected_buf))
 
 
-def _sglang_reader() -> Any:
-    try:
-        return importlib.import_module("sglang.kernels.ops.attention.dsv4.dequant_k_cache")
-    except Exception as exc:  # any import failure means "not runnable here"
-        pytest.skip(f"cannot import SGLang's V4 reader: {exc}")
-
-
 @pytest.mark.sglang
 def test_sglang_v4_reader_agrees() -> None:
-    dq = _sglang_reader()
+    reader = sglang_code(*places.V4_READER)
     buf = make_buffer(V4, 64, 64, seed=12, device=DEVICE)
     loc = torch.randperm(64 * 64, device=DEVICE)[:3000]
-    theirs = dq.dequantize_k_cache_paged_dsv4(buf, loc, 64).reshape(-1, 512)
+    theirs = reader(buf, loc, 64).reshape(-1, 512)
     ours = dequantize(V4, buf, loc, 64, impl="triton")
     # SGLang's kernel multiplies by exp2(byte - 127), which the GPU flushes to 0 for byte 0,
     # as the twin does; every other byte is an exact power of two.

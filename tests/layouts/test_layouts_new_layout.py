@@ -126,7 +126,10 @@ A throw-away layout (the new-layout test adds it to a copy of the tree).
 """
 
 # What the copy needs: the library, the layout tests and their fixtures, the docs.
-COPIED = ("kvcompat", "tests/layouts", "tests/fixtures/layouts", "docs", "tests/conftest.py")
+COPIED = (
+    "kvcompat", "tests/layouts", "tests/_sglang", "tests/fixtures/layouts", "docs",
+    "tests/conftest.py",
+)  # fmt: skip
 
 
 def _run(
@@ -184,7 +187,7 @@ def test_the_registry_exports_pictures_and_docs_tables_pick_it_up(tree: Path) ->
     code = textwrap.dedent(
         """
         import sys
-        sys.path[:0] = ["docs", "tests/layouts"]
+        sys.path[:0] = ["docs", "tests/layouts", "tests"]
         import kvcompat.layouts as L
         from kvcompat.layouts._registry import LAYOUTS
         from kvcompat.layouts._svg import documented_pictures

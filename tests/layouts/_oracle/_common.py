@@ -8,9 +8,7 @@ covers. Importing this module imports neither sglang nor triton.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -40,37 +38,6 @@ def check(
         return fn
 
     return register
-
-
-def sglang_code(*places: tuple[str, str]) -> Any:
-    """The first ``(module, name)`` of ``places`` that the installed SGLang release has
-    (``name`` an attribute or a submodule).
-
-    SGLang moves its layout code between releases: 0.5.12 keeps the DeepSeek-V4 and DSA
-    codecs under ``sglang.srt.layers.attention``, 0.5.13-0.5.20 under
-    ``sglang.kernels.ops.attention``, and 0.5.21 on under ``sglang.kernels.ops.kvcache``,
-    ``sglang.kernels.ops.quantization`` and ``sglang.test.kernels`` (some renamed). Each check
-    lists the places newest first, so every release is compared with its own code; a
-    release that has none of them lacks it (:class:`~_sglang.features.ReleaseLacks`, a skip).
-    """
-    from _sglang.features import ReleaseLacks
-
-    for module_name, name in places:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (module_name + ".").startswith(exc.name + "."):
-                continue  # this release has no such module
-            raise
-        if hasattr(module, name):
-            return getattr(module, name)
-        try:  # ``name`` may be a submodule not imported yet
-            return importlib.import_module(f"{module_name}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{module_name}.{name}":
-                raise
-    wanted = " or ".join(f"{module}.{name}" for module, name in places)
-    raise ReleaseLacks(wanted)
 
 
 def tile_values(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
+from _sglang import places
+from _sglang.features import sglang_code
 
 from _oracle._common import (
     Result,
     check,
     fail_or_pass,
     interp_round,
-    sglang_code,
     tile_values,
 )
 from kvcompat.layouts import (
@@ -44,11 +45,7 @@ def dsa_quantize_triton() -> Result:
     kernel multiplies by fl(1/448) and clamps NaN to +448, which kvcompat follows (checked
     byte for byte on an H200). So: SGLang's bytes against the interpreter's arithmetic,
     kvcompat's against the GPU's, both on the same inputs."""
-    quantize_k_cache_separate = sglang_code(  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12 (NSA)
-        ("sglang.kernels.ops.quantization.dsa_quant_k_cache", "quantize_k_cache_separate"),
-        ("sglang.kernels.ops.attention.dsa.quant_k_cache", "quantize_k_cache_separate"),
-        ("sglang.srt.layers.attention.nsa.quant_k_cache", "quantize_k_cache_separate"),
-    )
+    quantize_k_cache_separate = sglang_code(*places.DSA_QUANTIZER)
 
     n = 24
     values = tile_values(n, 576, 128, seed=31, dtype=torch.bfloat16)
@@ -146,11 +143,7 @@ def dsa_pool_store() -> Result:
     compared="the fp32 products (the interpreter truncates to bf16) and rope",
 )
 def dsa_dequant_triton() -> Result:
-    dequantize_k_cache_paged_dsa = sglang_code(  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12 (NSA)
-        ("sglang.kernels.ops.attention.dsa.dequant_k_cache", "dequantize_k_cache_paged_dsa"),
-        ("sglang.kernels.ops.attention.dsa.dequant_k_cache", "dequantize_k_cache_paged"),
-        ("sglang.srt.layers.attention.nsa.dequant_k_cache", "dequantize_k_cache_paged"),
-    )
+    dequantize_k_cache_paged_dsa = sglang_code(*places.DSA_READER)
 
     rows = 40
     g = torch.Generator().manual_seed(6)

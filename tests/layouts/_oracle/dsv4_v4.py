@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from _sglang import places
+from _sglang.features import sglang_code
 
 from _oracle._common import (
     Result,
@@ -11,7 +13,6 @@ from _oracle._common import (
     interp_round,
     nan_aware_equal,
     pages_for,
-    sglang_code,
     tile_values,
 )
 from kvcompat.layouts import (
@@ -51,21 +52,12 @@ def _interpreter_blind_spots(
     return blind
 
 
-_V4_READER = (  # 0.5.21 on, then 0.5.13-0.5.20 (0.5.12 has no V4 reader of its own)
-    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged_dsv4"),
-    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged"),
-)
-_V4_READER_KERNEL = (
-    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "_dequantize_k_cache_paged_kernel"),
-)
-
-
 def _v4_dequant_vs_triton(*, fnuz: bool) -> Result:
     page_size = 4
     buf, loc, codes_and_scales = _exhaustive_v4_tokens(page_size)
     ours = dequantize(V4, buf, loc, page_size, fnuz=fnuz)
     if fnuz:
-        kernel = sglang_code(*_V4_READER_KERNEL)
+        kernel = sglang_code(*places.V4_READER_KERNEL)
         n = loc.numel()
         theirs = torch.empty(n, 1, 512, dtype=torch.bfloat16)
         # 0.5.21 on: several tokens per program; before, one program per token.
@@ -92,7 +84,7 @@ def _v4_dequant_vs_triton(*, fnuz: bool) -> Result:
             **extra,
         )
     else:
-        theirs = sglang_code(*_V4_READER)(buf, loc, page_size)
+        theirs = sglang_code(*places.V4_READER)(buf, loc, page_size)
     theirs = theirs.reshape(-1, 512)
     equal = nan_aware_equal(ours, theirs)
     blind = _interpreter_blind_spots(codes_and_scales, ours, fnuz=fnuz)
@@ -134,10 +126,7 @@ def v4_fnuz_dequant_triton() -> Result:
     compared="all codes x all scale bytes",
 )
 def v4_dequant_torch_reference() -> Result:
-    reference = sglang_code(  # 0.5.21 on, then 0.5.13-0.5.20
-        ("sglang.test.kernels.deepseek_v4.k_cache_reference", "dequantize_k_cache_paged_ref"),
-        ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged_ref"),
-    )
+    reference = sglang_code(*places.V4_REFERENCE_READER)
     page_size = 4
     buf, loc, _ = _exhaustive_v4_tokens(page_size)
     ours = dequantize(V4, buf, loc, page_size)
@@ -154,13 +143,9 @@ def v4_dequant_torch_reference() -> Result:
     result="exact (placement, pad byte, padding)",
 )
 def v4_pack_store_triton() -> Result:
-    places = (  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12
-        "sglang.kernels.ops.kvcache.dsv4_main_kv_store",
-        "sglang.kernels.ops.attention.dsv4.index_buf_accessor",
-        "sglang.srt.layers.attention.dsv4.index_buf_accessor",
-    )
-    store = sglang_code(*((module, "_set_k_and_s_triton") for module in places))
-    pack_class = sglang_code(*((module, "NopeFp8RopeBf16Pack") for module in places))
+    modules = places.V4_PACK_MODULES
+    store = sglang_code(*((module, "_set_k_and_s_triton") for module in modules))
+    pack_class = sglang_code(*((module, "NopeFp8RopeBf16Pack") for module in modules))
 
     problems = []
     for page_size in (2, 4, 64):
@@ -219,9 +204,7 @@ def _code_problems(
 
 
 def _v4_store_vs_hip_triton(*, fnuz: bool) -> Result:
-    kernel = sglang_code(  # 0.5.18 on
-        ("sglang.kernels.ops.kvcache.triton_store_cache", "_triton_fused_store_flashmla_kernel")
-    )
+    kernel = sglang_code(*places.V4_HIP_STORE_KERNEL)
 
     page_size, n = 4, 16
     values = _floor_free_values(n, seed=11)
@@ -313,11 +296,7 @@ def v4_fnuz_hip_store_triton() -> Result:
 )
 def v4_quantize_triton() -> Result:
     """SGLang's own V4 quantizer, the one release 0.5.12 has besides the pack store."""
-    quantizer = sglang_code(  # 0.5.21 on (a test reference), 0.5.13-0.5.20, 0.5.12
-        ("sglang.test.kernels.deepseek_v4.k_cache_reference", _V4_QUANTIZER),
-        ("sglang.kernels.ops.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
-        ("sglang.srt.layers.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
-    )
+    quantizer = sglang_code(*places.V4_QUANTIZER)
     n = 16
     values = _floor_free_values(n, seed=13)
     pack = quantizer(values)
@@ -331,6 +310,3 @@ def v4_quantize_triton() -> Result:
     problems += _code_problems(values, scale[:, :7], data[:, :448], theirs, fnuz=False)
     ties = int((data[:, :448] != theirs).sum())
     return fail_or_pass(problems, f"{n} tokens: scales and rope exact, {ties} tie codes differ")
-
-
-_V4_QUANTIZER = "quant_to_nope_fp8_rope_bf16_pack_triton"

@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from _sglang import places
+from _sglang.features import sglang_code
 
 from _oracle._common import (
     Result,
     check,
     fail_or_pass,
     nan_aware_equal,
-    sglang_code,
     tile_values,
 )
 from kvcompat.layouts import (
@@ -29,7 +30,7 @@ from kvcompat.layouts._addressing import gather_rows, scatter_rows
 
 def _v41_reference() -> Any:
     """SGLang's torch reference of the V4.1 layouts (0.5.21 on; earlier releases lack V4.1)."""
-    return sglang_code(("sglang.test.kernels.deepseek_v4", "dsv41_kv_quant_reference"))
+    return sglang_code(*places.V41_REFERENCE)
 
 
 def _v41_reference_store(spec: LayoutSpec, *, non_finite: bool) -> Result:

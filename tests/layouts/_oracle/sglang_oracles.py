@@ -6,7 +6,7 @@ with ``TRITON_INTERPRET=1`` (set before triton is imported) and SGLang's caches 
 at a temporary folder; ``test_layouts_oracles.py`` does that. Each check prints one
 JSON line ``{"check", "status", "detail"}`` with status ``pass``, ``fail`` or ``skip``;
 the exit code is 0 unless the script itself breaks. Each check finds its SGLang code where
-the installed release keeps it (``_common.sglang_code``); code a release does not have is a
+the installed release keeps it (``_sglang.places``); code a release does not have is a
 ``skip`` whose detail starts with "release lacks:".
 Importing this module (or the ``_oracle`` package, to read ``CHECKS``) imports neither
 sglang nor triton.

@@ -1,0 +1,63 @@
+"""Where each SGLang release keeps the layout code the oracles and the GPU tier run.
+
+One tuple of ``(module, name)`` per piece of code, newest release first, for
+:func:`_sglang.features.sglang_code`: the CPU oracles (``sglang_oracles.py``) and the GPU
+tiers (``tests/layouts/test_layouts_gpu.py``, ``tests/kernels/test_kernels_gpu.py``) resolve
+the same places, so both compare each
+release with its own code. SGLang moved this code twice: 0.5.12 keeps it under
+``sglang.srt``, 0.5.13-0.5.20 under ``sglang.kernels.ops.attention``, and 0.5.21 on under
+``sglang.kernels.ops.kvcache``, ``sglang.kernels.ops.quantization`` and ``sglang.test.kernels``
+(some renamed). Importing this module imports nothing of SGLang.
+"""
+
+from __future__ import annotations
+
+Places = tuple[tuple[str, str], ...]
+
+_V4_QUANTIZER = "quant_to_nope_fp8_rope_bf16_pack_triton"
+
+V4_READER: Places = (  # 0.5.21 on, then 0.5.13-0.5.20 (0.5.12 has no V4 reader of its own)
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged_dsv4"),
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged"),
+)
+V4_READER_KERNEL: Places = (
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "_dequantize_k_cache_paged_kernel"),
+)
+V4_REFERENCE_READER: Places = (  # 0.5.21 on, then 0.5.13-0.5.20
+    ("sglang.test.kernels.deepseek_v4.k_cache_reference", "dequantize_k_cache_paged_ref"),
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged_ref"),
+)
+V4_QUANTIZER: Places = (  # 0.5.21 on (a test reference), 0.5.13-0.5.20, 0.5.12
+    ("sglang.test.kernels.deepseek_v4.k_cache_reference", _V4_QUANTIZER),
+    ("sglang.kernels.ops.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
+    ("sglang.srt.layers.attention.dsv4.quant_k_cache", _V4_QUANTIZER),
+)
+V4_PACK_MODULES = (  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12: the pack store and its pack class
+    "sglang.kernels.ops.kvcache.dsv4_main_kv_store",
+    "sglang.kernels.ops.attention.dsv4.index_buf_accessor",
+    "sglang.srt.layers.attention.dsv4.index_buf_accessor",
+)
+V4_HIP_STORE_KERNEL: Places = (  # 0.5.18 on
+    ("sglang.kernels.ops.kvcache.triton_store_cache", "_triton_fused_store_flashmla_kernel"),
+)
+V41_READER: Places = (  # 0.5.21 on (V4.1 is not in earlier releases)
+    ("sglang.kernels.ops.attention.dsv4.dequant_k_cache", "dequantize_k_cache_paged_v41"),
+)
+V41_REFERENCE: Places = (("sglang.test.kernels.deepseek_v4", "dsv41_kv_quant_reference"),)
+DSA_QUANTIZER: Places = (  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12 (NSA)
+    ("sglang.kernels.ops.quantization.dsa_quant_k_cache", "quantize_k_cache_separate"),
+    ("sglang.kernels.ops.attention.dsa.quant_k_cache", "quantize_k_cache_separate"),
+    ("sglang.srt.layers.attention.nsa.quant_k_cache", "quantize_k_cache_separate"),
+)
+DSA_READER: Places = (  # 0.5.21 on, 0.5.13-0.5.20, 0.5.12 (NSA)
+    ("sglang.kernels.ops.attention.dsa.dequant_k_cache", "dequantize_k_cache_paged_dsa"),
+    ("sglang.kernels.ops.attention.dsa.dequant_k_cache", "dequantize_k_cache_paged"),
+    ("sglang.srt.layers.attention.nsa.dequant_k_cache", "dequantize_k_cache_paged"),
+)
+MLA_SCATTER: Places = (  # 0.5.13 on, 0.5.12: the MLA and DSA pools' GPU row scatter
+    ("sglang.kernels.ops.kvcache.mla_buffer", "set_mla_kv_buffer_triton"),
+    ("sglang.srt.mem_cache.utils", "set_mla_kv_buffer_triton"),
+)
+FP4_INDEXER_STORE: Places = (  # 0.5.21 on
+    ("sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache", "store_fp4_index_k_cache"),
+)
