@@ -13,16 +13,18 @@ Results of the last run are recorded in docs/layouts/oracles.md.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from _layout_cases import ALL_LAYOUTS, layout_id, tile_values
+from _sglang import places
+from _sglang.features import ReleaseLacks, sglang_code
 
 from kvcompat.layouts import (
     DSA_FP8,
@@ -34,6 +36,7 @@ from kvcompat.layouts import (
     LayoutSpec,
     dequantize,
     get_layout,
+    mla_layout,
     quantize,
 )
 from kvcompat.layouts._addressing import scatter_rows
@@ -133,24 +136,31 @@ def _tvm_ffi_include() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))) / "include"
 
 
+V41_STORE = "fused_store_flashmla_cache_v41"
+"""The V4.1 stores' kernel: store.cuh has it from 0.5.21 on."""
+
+
 @pytest.fixture(scope="module")
-def store_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def store_harness(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
+    """The harness built against the release's ``store.cuh``, and whether it has V4.1."""
     sglang_dir, tvm_include, nvcc = _sglang_dir(), _tvm_ffi_include(), shutil.which("nvcc")
     if sglang_dir is None or tvm_include is None or nvcc is None:
         pytest.skip("needs SGLang's sources, the tvm_ffi headers and nvcc")
+    sources = sglang_dir / "kernels" / "jit" / "csrc" / "deepseek_v4"
+    has_v41 = V41_STORE in (sources / "store.cuh").read_text()
     major, minor = torch.cuda.get_device_capability()
     binary = tmp_path_factory.mktemp("harness") / "store_harness"
     command = [
         nvcc, "-std=c++20", "-O3", "--expt-relaxed-constexpr", f"-arch=sm_{major}{minor}",
         f"-DSGL_CUDA_ARCH={major * 100 + minor * 10}",
-        "-I", str(sglang_dir / "kernels" / "jit" / "include"),
-        "-I", str(sglang_dir / "kernels" / "jit" / "csrc" / "deepseek_v4"),
+        *([] if has_v41 else ["-DKVCOMPAT_NO_V41"]),
+        "-I", str(sglang_dir / "kernels" / "jit" / "include"), "-I", str(sources),
         "-I", str(tvm_include), "-o", str(binary), str(HARNESS),
     ]  # fmt: skip
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     if built.returncode:
         pytest.fail(f"building the store harness failed:\n{built.stderr[-3000:]}")
-    return binary
+    return binary, has_v41
 
 
 def run_store(binary: Path, tmp: Path, name: str, page_bits: int, values: torch.Tensor,
@@ -172,16 +182,19 @@ def run_store(binary: Path, tmp: Path, name: str, page_bits: int, values: torch.
 @pytest.mark.parametrize("page_bits", [1, 2, 6])
 @pytest.mark.parametrize("name", sorted(STORE_LAYOUTS))
 def test_sglang_cuda_store_is_reproduced(
-    store_harness: Path, tmp_path: Path, name: str, page_bits: int, dtype: torch.dtype,
-    non_finite: bool,
+    store_harness: tuple[Path, bool], tmp_path: Path, name: str, page_bits: int,
+    dtype: torch.dtype, non_finite: bool,
 ) -> None:  # fmt: skip
+    binary, has_v41 = store_harness
+    if name != V4.name and not has_v41:
+        raise ReleaseLacks(f"{V41_STORE} ({name})")
     spec, page_size = STORE_LAYOUTS[name], 1 << page_bits
     rows = max(2, 256 // page_size)
     n = min(rows * page_size, 160)
     values = special_values(spec, n, seed=page_bits, dtype=dtype, non_finite=non_finite)
     loc = torch.randperm(rows * page_size, generator=torch.Generator().manual_seed(5))[:n]
     cache = torch.randint(0, 256, (rows, spec.page_bytes(page_size)), dtype=torch.uint8)
-    theirs = run_store(store_harness, tmp_path, name, page_bits, values, loc, cache.clone())
+    theirs = run_store(binary, tmp_path, name, page_bits, values, loc, cache.clone())
     ours = cache.clone()
     # special_values holds saturating magnitudes (beyond fp4 tiles' 2688): the default
     # check refuses those, so SGLang's bytes are compared with what check_finite=False
@@ -194,7 +207,7 @@ def test_sglang_cuda_store_is_reproduced(
 @pytest.mark.parametrize("non_finite", [False, True], ids=["finite", "non-finite"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_sglang_cuda_indexer_store_is_reproduced(
-    store_harness: Path, tmp_path: Path, dtype: torch.dtype, non_finite: bool
+    store_harness: tuple[Path, bool], tmp_path: Path, dtype: torch.dtype, non_finite: bool
 ) -> None:
     """``fused_store_indexer_cache`` (fp8 indexer keys, 132 B/token) at P = 64."""
     spec, page_bits = DSV4_INDEXER_FP8, 6
@@ -203,7 +216,7 @@ def test_sglang_cuda_indexer_store_is_reproduced(
     values = special_values(spec, n, seed=8, dtype=dtype, non_finite=non_finite)
     loc = torch.randperm(rows * page_size, generator=torch.Generator().manual_seed(6))[:n]
     cache = torch.randint(0, 256, (rows, spec.page_bytes(page_size)), dtype=torch.uint8)
-    theirs = run_store(store_harness, tmp_path, spec.name, page_bits, values, loc, cache.clone())
+    theirs = run_store(store_harness[0], tmp_path, spec.name, page_bits, values, loc, cache.clone())
     ours = cache.clone()
     # special_values holds saturating magnitudes (beyond fp4 tiles' 2688): the default
     # check refuses those, so SGLang's bytes are compared with what check_finite=False
@@ -215,18 +228,10 @@ def test_sglang_cuda_indexer_store_is_reproduced(
 # ------------------------------------------------------------- SGLang's Triton kernels
 
 
-def _import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except Exception as exc:  # any import failure means "not runnable here"
-        pytest.skip(f"cannot import {name}: {exc}")
-
-
 @pytest.mark.sglang
 @pytest.mark.parametrize("spec", list(STORE_LAYOUTS.values()), ids=layout_id)
 def test_sglang_triton_readers_are_reproduced(spec: LayoutSpec) -> None:
     """Every data byte against every scale byte, NaN bits included."""
-    dq = _import("sglang.kernels.ops.attention.dsv4.dequant_k_cache")
     page_size = 4
     if spec is V4:
         n = 74
@@ -245,10 +250,10 @@ def test_sglang_triton_readers_are_reproduced(spec: LayoutSpec) -> None:
     scatter_rows(spec, buf, loc, page_size, data.to(torch.uint8), scales.to(torch.uint8))
     ours = dequantize(spec, buf, loc, page_size)
     if spec is V4:
-        theirs = dq.dequantize_k_cache_paged_dsv4(buf.cuda(), loc.cuda(), page_size)
+        theirs = sglang_code(*places.V4_READER)(buf.cuda(), loc.cuda(), page_size)
     else:
         try:
-            theirs = dq.dequantize_k_cache_paged_v41(
+            theirs = sglang_code(*places.V41_READER)(
                 buf.cuda(), loc.cuda(), page_size, layout=spec.name
             )
         except RuntimeError as exc:  # SGLang's own capability check (SM100+ or gfx950)
@@ -265,10 +270,9 @@ def test_sglang_triton_v4_quantizer_is_reproduced() -> None:
 
     Its floor is 1e-8, kvcompat's (the CUDA store's) 1e-4: every tile here has a maximum
     of at least 448 * 1e-4, where the two agree."""
-    reference = _import("sglang.test.kernels.deepseek_v4.k_cache_reference")
     n = 256
     values = tile_values(n, V4, seed=13, dtype=torch.bfloat16, low=-3, high=12)
-    pack = reference.quant_to_nope_fp8_rope_bf16_pack_triton(values.cuda())
+    pack = sglang_code(*places.V4_QUANTIZER)(values.cuda())
     data, scale = V4.codec.encode(V4, values, fnuz=False)
     assert torch.equal(pack.scale_k_nope_ue8m0.view(torch.uint8).cpu(), scale[:, :7])
     assert torch.equal(pack.k_rope_bf16.contiguous().view(torch.uint8).cpu(), data[:, 448:])
@@ -278,18 +282,63 @@ def test_sglang_triton_v4_quantizer_is_reproduced() -> None:
 
 @pytest.mark.sglang
 def test_sglang_dsa_triton_kernels_are_reproduced() -> None:
-    quant = _import("sglang.kernels.ops.quantization.dsa_quant_k_cache")
-    dequant = _import("sglang.kernels.ops.attention.dsa.dequant_k_cache")
+    quantize_k_cache_separate = sglang_code(*places.DSA_QUANTIZER)
     for non_finite in (False, True):
         values = special_values(DSA_FP8, 96, seed=3, dtype=torch.bfloat16, non_finite=non_finite)
-        nope, rope = quant.quantize_k_cache_separate(values[:, :512].cuda(), values[:, 512:].cuda())
+        nope, rope = quantize_k_cache_separate(values[:, :512].cuda(), values[:, 512:].cuda())
         theirs = torch.cat((nope.squeeze(1), rope.squeeze(1)), dim=1).cpu()
         ours = torch.zeros(96, 1, 656, dtype=torch.uint8)
         quantize(DSA_FP8, values, ours, torch.arange(96), 1, check_finite=not non_finite)
         assert torch.equal(ours.reshape(96, 656), theirs)
     loc = torch.randint(0, 96, (128,), generator=torch.Generator().manual_seed(1))
-    read = dequant.dequantize_k_cache_paged_dsa(ours.cuda().view(torch.float8_e4m3fn), loc.cuda())
+    read = sglang_code(*places.DSA_READER)(ours.cuda().view(torch.float8_e4m3fn), loc.cuda())
     assert torch.equal(bits(dequantize(DSA_FP8, ours, loc, 1)), bits(read.reshape(128, 576).cpu()))
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("n", [200, 1024])
+@pytest.mark.parametrize("case", ["bf16", "e4m3fn", "dsa_fp8"])
+def test_sglang_mla_row_write_is_reproduced(
+    case: str, n: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``set_mla_kv_buffer_triton``, the MLA and DSA pools' GPU row write, with what the
+    pools hand it: an MLA pool's rows cast to its dtype and viewed as its storage dtype
+    (bytes for fp8); a DSA fp8 pool's ``quantize_k_cache_separate`` output.
+
+    On SM90 it picks SGLang's CUDA JIT copy (TMA bulk stores): always from 0.5.21 on, from
+    768 locations in 0.5.13-0.5.20; otherwise a Triton kernel. A JIT that fails to build
+    makes SGLang fall back to Triton with a warning, which fails this test: each size runs
+    the path a deployment runs. Whole buffers are compared (placement, the nope/rope seam,
+    untouched rows). 0.5.20 on never write slot 0 (CUDA-graph padding; 0.5.18 does), so
+    ``loc`` avoids it."""
+    scatter = sglang_code(*places.MLA_SCATTER)
+    rows, page_size = 1088, 64
+    g = torch.Generator().manual_seed(21)
+    loc = 1 + torch.randperm(rows - 1, generator=g)[:n]
+    if case == "dsa_fp8":
+        spec = DSA_FP8
+        values = special_values(spec, n, seed=22, dtype=torch.bfloat16, non_finite=False)
+        nope, rope = sglang_code(*places.DSA_QUANTIZER)(
+            values[:, :512].cuda(), values[:, 512:].cuda()
+        )
+    else:
+        dtype = torch.bfloat16 if case == "bf16" else torch.float8_e4m3fn
+        spec = mla_layout(512, 64, dtype)
+        values = (torch.randn(n, 576, generator=g) * 8).to(torch.bfloat16)
+        rows_in = values.cuda().to(dtype)[:, None, :]
+        if dtype.itemsize == 1:
+            rows_in = rows_in.view(torch.uint8)  # the pool's store_dtype
+        nope, rope = rows_in[..., :512], rows_in[..., 512:]
+    start = torch.randint(0, 256, (rows, 1, spec.page_bytes(1)), generator=g, dtype=torch.uint8)
+    theirs = start.cuda()
+    target = theirs if nope.dtype == torch.uint8 else theirs.view(nope.dtype)
+    with caplog.at_level(logging.WARNING):
+        scatter(target, loc.cuda(), nope, rope)
+    fallbacks = [r.getMessage() for r in caplog.records if "Failed to load JIT" in r.getMessage()]
+    assert not fallbacks, fallbacks
+    ours = start.clone()
+    quantize(spec, values, ours, loc, page_size)
+    assert torch.equal(ours, theirs.cpu()), int((ours != theirs.cpu()).sum())
 
 
 def test_uniform_fp8_twin_is_the_torch_cast_on_cuda() -> None:
@@ -304,7 +353,7 @@ def test_uniform_fp8_twin_is_the_torch_cast_on_cuda() -> None:
 @pytest.mark.parametrize("spec", [DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE], ids=layout_id)
 def test_sglang_triton_fp4_indexer_store_is_reproduced(spec: LayoutSpec, non_finite: bool) -> None:
     """``store_fp4_index_k_cache`` with real GPU rounding (``amax / 6``, NaN handling)."""
-    store = _import("sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache").store_fp4_index_k_cache
+    store = sglang_code(*places.FP4_INDEXER_STORE)
     page_size, rows, n = 64, 4, 160
     values = special_values(spec, n, seed=9, dtype=torch.bfloat16, non_finite=non_finite).cuda()
     loc = torch.randperm(rows * page_size, generator=torch.Generator().manual_seed(2))[:n].cuda()

@@ -3,16 +3,18 @@
 The GPU tier (``tests/layouts/test_layouts_gpu.py``) compares kvcompat with SGLang's own
 kernels: its CUDA JIT stores (compiled from ``sglang/kernels/jit``) and its Triton readers
 and stores under ``sglang/kernels/ops``. A device without network cannot install SGLang's
-dependency tree, so this script copies the installed sglang's ``kernels`` package and its
-DeepSeek-V4 test references (``test/kernels/deepseek_v4``: the V4 Triton quantizer)
-**unmodified** and writes explicit stand-ins for the few ``sglang.srt`` helpers that the
-kernels' import chain needs (platform probes, ``envs``, decorators), each answering as an
-NVIDIA CUDA GPU would (not HIP, XPU, NPU or MUSA; no Blackwell paths). Any other
-``sglang.srt`` module is absent, so an import that needs more fails (the tests then skip
-and say why) instead of running on a guess. An ``envs`` variable without a listed value
-raises ``LookupError``.
+dependency tree, so this script copies an installed sglang's ``kernels`` package and its
+DeepSeek-V4 test references (``test/kernels/deepseek_v4``) **unmodified** and writes
+explicit stand-ins for the few other ``sglang`` helpers that the kernels' import chain
+needs (platform probes, ``envs``, decorators, a one-GPU parallel context), each answering
+as a single NVIDIA CUDA GPU would (not HIP, XPU, NPU or MUSA; no Blackwell paths). Any
+release from 0.5.13 on works (0.5.12 has no ``kernels`` package): the stand-ins cover
+the names each of 0.5.18, 0.5.20 and 0.5.23 imports. Any other ``sglang.srt`` module is
+absent, so code that needs more fails loudly instead of running on a guess; an ``envs``
+variable without a listed value raises ``LookupError``. A ``dist-info`` stamp carries the
+release's version, which the tests' skips name.
 
-Usage (the tree is about 19 MB; carry it with the device command)::
+Usage (the tree is 12-19 MB; carry it with the device command)::
 
     python tests/layouts/_oracle/_sglang_kernel_overlay.py \\
         "$(python -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')" .device/sgl
@@ -23,6 +25,7 @@ Usage (the tree is about 19 MB; carry it with the device command)::
 
 from __future__ import annotations
 
+import ast
 import shutil
 import sys
 import textwrap
@@ -32,7 +35,13 @@ STAND_INS = {
     "srt/__init__.py": "",
     "srt/environ.py": """
         _VALUES = {"SGLANG_USE_AITER": False, "SGLANG_JIT_KERNEL_RUN_FULL_TESTS": False,
-                   "SGLANG_OPT_DSV41_BF16_INDEX_LOGITS": None}
+                   "SGLANG_OPT_DSV41_BF16_INDEX_LOGITS": None,
+                   "SGLANG_OPT_BF16_FP32_GEMM_ALGO": "cublas",
+                   # the JIT compiler's (kernels/jit/utils), at their defaults
+                   "SGLANG_CRASH_ON_JIT_COMPILE": False, "SGLANG_JIT_LOG_RESOURCE_USAGE": False,
+                   "SGLANG_SAIL_GPU_ARCH": "native", "SGLANG_JIT_FORCE_RECOMPILE": False,
+                   "SGLANG_JIT_CACHE_DIR": None, "SGLANG_JIT_CACHE_DEBUG": False,
+                   "SGLANG_JIT_CACHE_KEEP": None}
 
 
         class _Env:
@@ -70,12 +79,24 @@ STAND_INS = {
         def is_sm120_supported(device=None): return False
         def get_device_capability(device_id=0): return torch.cuda.get_device_capability(device_id)
         def ceil_align(x, a): return (x + a - 1) // a * a
+        def is_cpu(): return False
+        def is_gfx1250_supported(): return False
+        def get_bool_env_var(name, default="false"):
+            import os
+            return os.environ.get(name, default).lower() in ("true", "1")
+        def get_device_core_count(device_id=0):
+            return torch.cuda.get_device_properties(device_id).multi_processor_count
+        def get_device_name(device_id=0): return torch.cuda.get_device_name(device_id)
+        def log_info_on_rank0(logger, msg): logger.info(msg)
+    """,
+    "utils.py": """
+        def is_in_ci(): return False
+    """,
+    "srt/layers/deep_gemm_wrapper.py": """
+        ENABLE_JIT_DEEPGEMM = False  # no DeepGEMM in the overlay: its GEMM paths are off
     """,
     "srt/utils/common.py": """
-        from sglang.srt.utils import is_cuda, is_hip
-
-
-        def is_gfx1250_supported(): return False
+        from sglang.srt.utils import is_cuda, is_gfx1250_supported, is_hip
     """,
     "srt/utils/custom_op.py": """
         def register_custom_op(fn=None, **options):
@@ -102,8 +123,39 @@ STAND_INS = {
 
 
         def get_platform(): return _Platform()
+
+
+        class _Parallel:  # one GPU: no decode context parallelism
+            attn_dcp_size = 1
+            attn_dcp_rank = 0
+            dcp_enabled = False
+
+
+        def get_parallel(): return _Parallel()
+    """,
+    "srt/platforms/__init__.py": """
+        class _Capabilities:
+            supports_triton = True
+
+
+        class _Platform:  # read by 0.5.23's MLA scatter, which falls back without Triton
+            capabilities = _Capabilities()
+
+
+        current_platform = _Platform()
     """,
 }
+
+
+def _version(sglang_dir: Path) -> str:
+    """The release's version, from the ``_version.py`` its wheel carries."""
+    tree = ast.parse((sglang_dir / "_version.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__version__" for target in node.targets
+        ):
+            return str(ast.literal_eval(node.value))
+    raise SystemExit(f"{sglang_dir / '_version.py'} assigns no __version__")
 
 
 def build(sglang_dir: Path, out: Path) -> Path:
@@ -122,6 +174,13 @@ def build(sglang_dir: Path, out: Path) -> Path:
         path = package / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip("\n"))
+    # The version the tests name in their skips (importlib.metadata reads this).
+    version = _version(sglang_dir)
+    for old in out.glob("sglang-*.dist-info"):
+        shutil.rmtree(old)
+    info = out / f"sglang-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
     return package
 
 

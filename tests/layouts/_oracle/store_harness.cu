@@ -1,4 +1,4 @@
-// Launches SGLang 0.5.23's own CUDA KV-store kernels on raw buffers, for test_layouts_gpu.py.
+// Launches SGLang's own CUDA KV-store kernels on raw buffers, for test_layouts_gpu.py.
 //
 // The kernels come from SGLang's installed sources, unmodified: build with
 //   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -arch=sm_XX -DSGL_CUDA_ARCH=XX0
@@ -7,7 +7,8 @@
 // (SGLang's JIT uses the same flags). This file only reads the inputs and launches
 // fused_store_flashmla_cache / fused_store_flashmla_cache_v41 / fused_store_indexer_cache
 // the way store.cuh's host code does (block 256 for V4, 512 / vec for V4.1, one warp per
-// token for the indexer), without PDL.
+// token for the indexer), without PDL. Releases before 0.5.21 have no V4.1 stores: build
+// their store.cuh with -DKVCOMPAT_NO_V41 (the test does, when store.cuh lacks them).
 //
 // usage: store_harness <layout> <page_bits> <dtype bf16|fp32> <n> <input.bin> <loc.bin> <cache.bin>
 // cache.bin is read, written in place by the kernel, and written back.
@@ -19,7 +20,9 @@
 #include <vector>
 
 using namespace sglang;
+#ifndef KVCOMPAT_NO_V41
 namespace dv4 = sglang::deepseek_v4;
+#endif
 
 static std::vector<char> read_file(const char* path) {
   FILE* f = fopen(path, "rb");
@@ -48,12 +51,14 @@ void launch_v4(const void* in, void* cache, const void* idx, uint32_t n) {
   fused_store_flashmla_cache<Float, int64_t, kPageBits, false><<<n, 256>>>(p);
 }
 
+#ifndef KVCOMPAT_NO_V41  // releases before 0.5.21 store V4 and the fp8 indexer keys only
 template <typename Float, uint32_t kPageBits, dv4::KVLayout kLayout>
 void launch_v41(const void* in, void* cache, const void* idx, uint32_t n) {
   FusedStoreCacheV41Param p{in, cache, idx, nullptr, n};
   fused_store_flashmla_cache_v41<Float, int64_t, kPageBits, kLayout, false, false>
       <<<n, 512 / v41_store_vec_size(kLayout)>>>(p);
 }
+#endif
 
 template <typename Float, uint32_t kPageBits>
 void launch_indexer(const void* in, void* cache, const void* idx, uint32_t n) {
@@ -65,12 +70,14 @@ void launch_indexer(const void* in, void* cache, const void* idx, uint32_t n) {
 template <typename Float, uint32_t kPageBits>
 void dispatch_layout(const std::string& layout, const void* in, void* cache, const void* idx, uint32_t n) {
   if (layout == "v4") launch_v4<Float, kPageBits>(in, cache, idx, n);
+  else if (layout == "dsv4_indexer_fp8") launch_indexer<Float, kPageBits>(in, cache, idx, n);
+#ifndef KVCOMPAT_NO_V41
   else if (layout == "v41") launch_v41<Float, kPageBits, dv4::KVLayout::V41>(in, cache, idx, n);
   else if (layout == "v41_new") launch_v41<Float, kPageBits, dv4::KVLayout::V41_NEW>(in, cache, idx, n);
   else if (layout == "v41_fp4") launch_v41<Float, kPageBits, dv4::KVLayout::V41_FP4>(in, cache, idx, n);
   else if (layout == "v41_fp4_new") launch_v41<Float, kPageBits, dv4::KVLayout::V41_FP4_NEW>(in, cache, idx, n);
   else if (layout == "uniform_fp8") launch_v41<Float, kPageBits, dv4::KVLayout::UNIFORM_FP8>(in, cache, idx, n);
-  else if (layout == "dsv4_indexer_fp8") launch_indexer<Float, kPageBits>(in, cache, idx, n);
+#endif
   else { fprintf(stderr, "unknown layout %s\n", layout.c_str()); exit(2); }
 }
 
