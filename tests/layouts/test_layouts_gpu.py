@@ -146,7 +146,9 @@ def store_harness(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]
     sglang_dir, tvm_include, nvcc = _sglang_dir(), _tvm_ffi_include(), shutil.which("nvcc")
     if sglang_dir is None or tvm_include is None or nvcc is None:
         pytest.skip("needs SGLang's sources, the tvm_ffi headers and nvcc")
-    sources = sglang_dir / "kernels" / "jit" / "csrc" / "deepseek_v4"
+    jit = sglang_dir / "kernels" / "jit"  # 0.5.13 on; 0.5.12 keeps it in sglang/jit_kernel
+    jit = jit if jit.is_dir() else sglang_dir / "jit_kernel"
+    sources = jit / "csrc" / "deepseek_v4"
     has_v41 = V41_STORE in (sources / "store.cuh").read_text()
     major, minor = torch.cuda.get_device_capability()
     binary = tmp_path_factory.mktemp("harness") / "store_harness"
@@ -154,7 +156,7 @@ def store_harness(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]
         nvcc, "-std=c++20", "-O3", "--expt-relaxed-constexpr", f"-arch=sm_{major}{minor}",
         f"-DSGL_CUDA_ARCH={major * 100 + minor * 10}",
         *([] if has_v41 else ["-DKVCOMPAT_NO_V41"]),
-        "-I", str(sglang_dir / "kernels" / "jit" / "include"), "-I", str(sources),
+        "-I", str(jit / "include"), "-I", str(sources),
         "-I", str(tvm_include), "-o", str(binary), str(HARNESS),
     ]  # fmt: skip
     built = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -306,11 +308,11 @@ def test_sglang_mla_row_write_is_reproduced(
     (bytes for fp8); a DSA fp8 pool's ``quantize_k_cache_separate`` output.
 
     On SM90 it picks SGLang's CUDA JIT copy (TMA bulk stores): always from 0.5.21 on, from
-    768 locations in 0.5.13-0.5.20; otherwise a Triton kernel. A JIT that fails to build
+    768 locations in 0.5.12-0.5.20; otherwise a Triton kernel. A JIT that fails to build
     makes SGLang fall back to Triton with a warning, which fails this test: each size runs
     the path a deployment runs. Whole buffers are compared (placement, the nope/rope seam,
-    untouched rows). 0.5.20 on never write slot 0 (CUDA-graph padding; 0.5.18 does), so
-    ``loc`` avoids it."""
+    untouched rows). 0.5.20 on never write slot 0 (CUDA-graph padding; 0.5.12 and 0.5.18
+    do), so ``loc`` avoids it."""
     scatter = sglang_code(*places.MLA_SCATTER)
     rows, page_size = 1088, 64
     g = torch.Generator().manual_seed(21)

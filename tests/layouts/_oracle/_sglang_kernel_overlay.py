@@ -7,18 +7,19 @@ dependency tree, so this script copies an installed sglang's ``kernels`` package
 DeepSeek-V4 test references (``test/kernels/deepseek_v4``) **unmodified** and writes
 explicit stand-ins for the few other ``sglang`` helpers that the kernels' import chain
 needs (platform probes, ``envs``, decorators, a one-GPU parallel context), each answering
-as a single NVIDIA CUDA GPU would (not HIP, XPU, NPU or MUSA; no Blackwell paths). Any
-release from 0.5.13 on works (0.5.12 has no ``kernels`` package): the stand-ins cover
-the names each of 0.5.18, 0.5.20 and 0.5.23 imports. Any other ``sglang.srt`` module is
-absent, so code that needs more fails loudly instead of running on a guess; an ``envs``
-variable without a listed value raises ``LookupError``. A ``dist-info`` stamp carries the
-release's version, which the tests' skips name.
+as a single NVIDIA CUDA GPU would (not HIP, XPU, NPU or MUSA; no Blackwell paths). The
+stand-ins cover the names 0.5.12, 0.5.18, 0.5.20 and 0.5.23 import. 0.5.12 has no
+``kernels`` package: from it come its ``jit_kernel`` package and :data:`LEGACY_MODULES`.
+Any other ``sglang.srt`` module is absent, so code that needs more fails loudly instead
+of running on a guess; an ``envs`` variable without a listed value raises
+``LookupError``. A ``dist-info`` stamp carries the release's version, which the tests'
+skips name.
 
-Usage (the tree is 12-19 MB; carry it with the device command)::
+Usage (the tree is 3-19 MB; carry it, and the wheels, with the device command)::
 
     python tests/layouts/_oracle/_sglang_kernel_overlay.py \\
         "$(python -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')" .device/sgl
-    # on the device (msgspec carried as a wheel, see docs/layouts/oracles.md):
+    # on the device (msgspec and apache-tvm-ffi as wheels, see docs/layouts/oracles.md):
     KVCOMPAT_SGLANG_DIR=$PWD/.device/sgl/sglang PYTHONPATH=$PWD/.device/sgl:$PWD \\
         python -m pytest tests/layouts/test_layouts_gpu.py
 """
@@ -147,6 +148,31 @@ STAND_INS = {
 }
 
 
+LEGACY_MODULES = (
+    "srt/layers/attention/dsv4/quant_k_cache.py",  # the V4 quantizer
+    "srt/layers/attention/dsv4/index_buf_accessor.py",  # the V4 pack store
+    "srt/layers/attention/nsa/quant_k_cache.py",  # the DSA quantizer
+    "srt/layers/attention/nsa/dequant_k_cache.py",  # the DSA reader
+    "srt/layers/quantization/fp8_kernel.py",  # is_fp8_fnuz, imported by the V4 code
+    "srt/layers/quantization/fp8_utils.py",
+    "srt/mem_cache/utils.py",  # the MLA row write
+    "kernel_api_logging.py",  # imported by jit_kernel (the standard library only)
+)
+"""0.5.12's layout code, copied unmodified (from 0.5.13 on it lives under ``kernels``)."""
+SGL_KERNEL = """
+    # Stand-in for sgl_kernel (SGLang's compiled ops), which the overlay has not: 0.5.12's
+    # fp8_kernel imports GEMM quantizers from it at import time; layout code never calls them.
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def missing(*args, **kwargs):
+            raise NotImplementedError(f"sgl_kernel.{name} is not in the kernel overlay")
+
+        return missing
+"""
+
+
 def _version(sglang_dir: Path) -> str:
     """The release's version, from the ``_version.py`` its wheel carries."""
     tree = ast.parse((sglang_dir / "_version.py").read_text())
@@ -164,12 +190,25 @@ def build(sglang_dir: Path, out: Path) -> Path:
     if package.exists():
         shutil.rmtree(package)
     skip = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(sglang_dir / "kernels", package / "kernels", ignore=skip)
-    references = Path("test") / "kernels" / "deepseek_v4"
-    shutil.copytree(sglang_dir / references, package / references, ignore=skip)
+    if (sglang_dir / "kernels").is_dir():  # 0.5.13 on
+        shutil.copytree(sglang_dir / "kernels", package / "kernels", ignore=skip)
+        references = Path("test") / "kernels" / "deepseek_v4"
+        shutil.copytree(sglang_dir / references, package / references, ignore=skip)
+        for parent in (Path("test"), Path("test") / "kernels"):  # SGLang's are empty too
+            (package / parent / "__init__.py").write_text("")
+    else:  # 0.5.12: its JIT package and the srt modules that hold its layout code
+        shutil.copytree(sglang_dir / "jit_kernel", package / "jit_kernel", ignore=skip)
+        for relative in LEGACY_MODULES:
+            target = package / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(sglang_dir / relative, target)
+            for parent in target.relative_to(package).parents:  # empty: nothing else loads
+                init = package / parent / "__init__.py"
+                if not init.exists():
+                    init.write_text("")
+        (out / "sgl_kernel").mkdir(exist_ok=True)
+        (out / "sgl_kernel" / "__init__.py").write_text(textwrap.dedent(SGL_KERNEL).lstrip("\n"))
     (package / "__init__.py").write_text("")
-    for parent in (Path("test"), Path("test") / "kernels"):  # SGLang's are empty too
-        (package / parent / "__init__.py").write_text("")
     for relative, text in STAND_INS.items():
         path = package / relative
         path.parent.mkdir(parents=True, exist_ok=True)

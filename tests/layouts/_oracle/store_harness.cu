@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+namespace sglang {}  // 0.5.12's store.cuh declares its kernels outside it
 using namespace sglang;
 #ifndef KVCOMPAT_NO_V41
 namespace dv4 = sglang::deepseek_v4;
