@@ -15,7 +15,9 @@ of running on a guess; an ``envs`` variable without a listed value raises
 ``LookupError``. A ``dist-info`` stamp carries the release's version, which the tests'
 skips name.
 
-Usage (the tree is 3-19 MB; carry it, and the wheels, with the device command)::
+``tests/gpu_matrix.py build`` builds one tree per release of the matrix, with the
+wheels and headers the device needs. By hand (the tree is 3-19 MB; carry it, and the
+wheels, with the device command)::
 
     python tests/layouts/_oracle/_sglang_kernel_overlay.py \\
         "$(python -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')" .device/sgl
