@@ -1,9 +1,10 @@
 """Run the real-SGLang tier under every SGLang release with DeepSeek-V4 pools (``make releases``).
 
 The tier is ``tests/real`` plus the layout oracles (``tests/layouts/test_layouts_oracles.py``:
-kvcompat's codecs byte for byte against each release's own quantizers, readers and stores)
-and the adversarial tier's cases on SGLang's pools (bad inputs, faults mid-write, races):
-every test marked ``sglang`` under those paths.
+kvcompat's codecs byte for byte against each release's own quantizers, readers and stores),
+the check that the GPU tiers' kernel-only tree of the release offers the same layout code
+(``tests/layouts/test_kernel_overlay.py``) and the adversarial tier's cases on SGLang's
+pools (bad inputs, faults mid-write, races): every test marked ``sglang`` under those paths.
 
 Each release other than the test venv's own (0.5.23) is an *overlay*: ``pip install --no-deps
 --target .sglang-releases/<X> -r requirements/sglang-releases/<X>.txt`` (sglang itself plus the
@@ -46,7 +47,12 @@ RELEASES = ("0.5.12", "0.5.18", "0.5.20", "0.5.23")
 """The first release with DSv4 pools, the August-2026 state (= 0.5.19's DSv4 files), the
 ``kv_pools`` refactor, and the test venv's own release."""
 BASE = "0.5.23"
-TIER = ("tests/real", "tests/layouts/test_layouts_oracles.py", "tests/adversarial")
+TIER = (
+    "tests/real",
+    "tests/layouts/test_layouts_oracles.py",
+    "tests/layouts/test_kernel_overlay.py",
+    "tests/adversarial",
+)
 """What runs under each release: the tests of these paths marked ``sglang`` (those that
 build SGLang objects; every test of ``tests/real`` is)."""
 OVERLAYS = ROOT / ".sglang-releases"
@@ -226,8 +232,10 @@ def render(results: list[dict[str, Any]]) -> str:
         "kvcompat is tested against the real pool classes of every SGLang release listed",
         "here: the whole real tier (`tests/real`), the layout oracles (kvcompat's codecs byte",
         "for byte against the release's own quantizers, readers and stores,",
-        "`tests/layouts/test_layouts_oracles.py`) and the adversarial cases on SGLang's pools",
-        "(bad inputs, faults mid-write, races; `tests/adversarial`) run under each one.",
+        "`tests/layouts/test_layouts_oracles.py`), the check that the GPU tiers' kernel-only",
+        "tree of the release offers the same layout code (`tests/layouts/test_kernel_overlay.py`)",
+        "and the adversarial cases on SGLang's pools (bad inputs, faults mid-write, races;",
+        "`tests/adversarial`) run under each one.",
         "Releases other than the",
         "test environment's own are overlays (`pip install --no-deps --target",
         ".sglang-releases/<X> -r requirements/sglang-releases/<X>.txt` on top of it). Which",

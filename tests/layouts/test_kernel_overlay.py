@@ -1,0 +1,63 @@
+"""The kernel-only SGLang tree the GPU tiers run on offers exactly the release's layout code.
+
+``tests/layouts/_oracle/_sglang_kernel_overlay.py`` copies a release's kernels unmodified
+and stands in for the few other ``sglang`` modules they import. A stand-in that misses a
+name a release imports, or a module the copy leaves out, would only show on the GPU
+machine (as an import error, or as a kernel silently missing). This builds the tree from
+the installed release and resolves every entry of ``_sglang.places`` in it, with
+``torch.cuda`` reporting a device (the import branches a GPU machine takes), and in the
+full release: the two must agree entry for entry. The release matrix runs it under every
+release it covers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.sglang, pytest.mark.interpret]
+
+ROOT = Path(__file__).resolve().parents[2]
+ORACLE = Path(__file__).resolve().parent / "_oracle"
+
+
+def _resolve(pythonpath: list[Path], tmp: Path, *flags: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "SGLANG_CACHE_DIR": str(tmp),
+        "SGLANG_JIT_CACHE_DIR": str(tmp),
+        "PYTHONPATH": os.pathsep.join(str(path) for path in pythonpath),
+    }
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", str(ORACLE / "resolve_places.py"), *flags],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_kernel_tree_resolves_every_place_as_the_release_does(tmp_path: Path) -> None:
+    spec = importlib.util.find_spec("sglang")  # the release first on sys.path, not imported
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed")
+    source = Path(next(iter(spec.submodule_search_locations)))
+    sys.path.insert(0, str(ORACLE))
+    try:
+        import _sglang_kernel_overlay as overlay
+    finally:
+        sys.path.remove(str(ORACLE))
+    tree = tmp_path / "tree"
+    overlay.build(source, tree)
+
+    inherited = [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    full = _resolve([ROOT, ROOT / "tests", *inherited], tmp_path)
+    kernels_only = _resolve([tree, ROOT, ROOT / "tests"], tmp_path, "--as-gpu")
+    assert kernels_only == full
+    assert any(value != "lacks" for value in full.values()), full
