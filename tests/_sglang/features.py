@@ -40,6 +40,7 @@ __all__ = [
     "release",
     "require",
     "sglang_code",
+    "sglang_place",
 ]
 
 SKIP_PREFIX: Final = "release lacks:"
@@ -148,16 +149,21 @@ def mha_fuses_k_and_v(native: Any) -> bool:
 
 
 def sglang_code(*places: tuple[str, str]) -> Any:
-    """The first ``(module, name)`` of ``places`` that the installed SGLang release has
-    (``name`` an attribute or a submodule).
+    """The code at the first ``(module, name)`` of ``places`` that the importable SGLang
+    release has (``name`` an attribute or a submodule), or :class:`ReleaseLacks` (a skip).
 
-    SGLang moves its layout code between releases: 0.5.12 keeps the DeepSeek-V4 and DSA
-    codecs under ``sglang.srt.layers.attention``, 0.5.13-0.5.20 under
-    ``sglang.kernels.ops.attention``, and 0.5.21 on under ``sglang.kernels.ops.kvcache``,
-    ``sglang.kernels.ops.quantization`` and ``sglang.test.kernels`` (some renamed). Each check
-    lists the places newest first (:mod:`_sglang.places`), so every release is compared with
-    its own code; a release that has none of them lacks it (:class:`ReleaseLacks`, a skip).
+    The places of each piece of code, newest release first, are in :mod:`_sglang.places`.
+    Any import failure other than "this release has no such module" propagates.
     """
+    return _resolve(places)[1]
+
+
+def sglang_place(*places: tuple[str, str]) -> tuple[str, str]:
+    """Which of ``places`` :func:`sglang_code` resolves."""
+    return _resolve(places)[0]
+
+
+def _resolve(places: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], Any]:
     for module_name, name in places:
         try:
             module = importlib.import_module(module_name)
@@ -166,9 +172,9 @@ def sglang_code(*places: tuple[str, str]) -> Any:
                 continue  # this release has no such module
             raise
         if hasattr(module, name):
-            return getattr(module, name)
+            return (module_name, name), getattr(module, name)
         try:  # ``name`` may be a submodule not imported yet
-            return importlib.import_module(f"{module_name}.{name}")
+            return (module_name, name), importlib.import_module(f"{module_name}.{name}")
         except ModuleNotFoundError as exc:
             if exc.name != f"{module_name}.{name}":
                 raise

@@ -189,8 +189,9 @@ def _version(sglang_dir: Path) -> str:
 def build(sglang_dir: Path, out: Path) -> Path:
     """Write ``out/sglang`` (replacing it) and return its path."""
     package = out / "sglang"
-    if package.exists():
-        shutil.rmtree(package)
+    for previous in (package, out / "sgl_kernel"):  # the stand-in only a 0.5.12 tree has
+        if previous.exists():
+            shutil.rmtree(previous)
     skip = shutil.ignore_patterns("__pycache__")
     if (sglang_dir / "kernels").is_dir():  # 0.5.13 on
         shutil.copytree(sglang_dir / "kernels", package / "kernels", ignore=skip)

@@ -143,9 +143,8 @@ def v4_dequant_torch_reference() -> Result:
     result="exact (placement, pad byte, padding)",
 )
 def v4_pack_store_triton() -> Result:
-    modules = places.V4_PACK_MODULES
-    store = sglang_code(*((module, "_set_k_and_s_triton") for module in modules))
-    pack_class = sglang_code(*((module, "NopeFp8RopeBf16Pack") for module in modules))
+    store = sglang_code(*places.V4_PACK_STORE)
+    pack_class = sglang_code(*places.V4_PACK_CLASS)
 
     problems = []
     for page_size in (2, 4, 64):

@@ -120,12 +120,7 @@ def _v41_dequant_vs_triton(spec: LayoutSpec) -> Result:
     n = loc.numel()
     ours = dequantize(spec, buf, loc, page_size)
     theirs = torch.empty(n, 1, 512, dtype=torch.bfloat16)
-    kernel = sglang_code(  # 0.5.21 on (V4.1 is not in earlier releases)
-        (
-            "sglang.kernels.ops.attention.dsv4.dequant_k_cache",
-            f"_dequantize_k_cache_paged_v41_{'fp4' if fp4 else 'fp8'}_kernel",
-        )
-    )
+    kernel = sglang_code(*(places.V41_FP4_READER_KERNEL if fp4 else places.V41_FP8_READER_KERNEL))
     data_stride, scale_base, scale_stride = spec.row_addressing(page_size)
     kernel[(n,)](
         theirs,

@@ -3,7 +3,7 @@
 Run as a script by ``tests/layouts/test_kernel_overlay.py``, once over the installed
 release and once over the kernel-only tree built from it (``--as-gpu``: ``torch.cuda``
 reports a device, so the import branches a GPU machine takes are the ones walked). Each
-entry maps to its first place (``module.name``) that :func:`_sglang.features.sglang_code`
+entry maps to the place (``module.name``) that :func:`_sglang.features.sglang_code`
 resolves, or to ``"lacks"`` when the release has none of them. Any other import failure is
 printed, with its traceback, and the exit status is 1.
 """
@@ -24,21 +24,17 @@ if str(Path(__file__).resolve().parent) in sys.path:  # only ever import _oracle
 
 from _sglang import places  # noqa: E402 - after the path set-up above
 from _sglang.env import install_torchvision_stub  # noqa: E402
-from _sglang.features import ReleaseLacks, sglang_code  # noqa: E402
+from _sglang.features import ReleaseLacks, sglang_place  # noqa: E402
 
 
-def entries() -> dict[str, tuple[tuple[str, str], ...]]:
-    """Every ``Places`` constant of ``_sglang.places`` (the V4 pack modules as two)."""
-    found = {
-        name: value
-        for name, value in vars(places).items()
-        if name.isupper() and isinstance(value, tuple) and value and isinstance(value[0], tuple)
-    }
-    for attribute in ("_set_k_and_s_triton", "NopeFp8RopeBf16Pack"):
-        found[f"V4_PACK_MODULES.{attribute}"] = tuple(
-            (module, attribute) for module in places.V4_PACK_MODULES
-        )
-    return found
+def _where(wanted: places.Places) -> str:
+    try:
+        return ".".join(sglang_place(*wanted))
+    except ReleaseLacks:
+        return "lacks"
+    except Exception:  # a stand-in or a module the tree misses: the point of the test
+        traceback.print_exc()
+        return "error"
 
 
 def main(argv: list[str]) -> int:
@@ -49,21 +45,9 @@ def main(argv: list[str]) -> int:
     else:
         install_torchvision_stub()
     resolved: dict[str, str] = {}
-    status = 0
-    for name, wanted in sorted(entries().items()):
-        resolved[name] = "lacks"
-        for module, attribute in wanted:  # newest first, as sglang_code tries them
-            try:
-                sglang_code((module, attribute))
-            except ReleaseLacks:
-                continue
-            except Exception:  # a stand-in or a module the tree misses: the point of the test
-                traceback.print_exc()
-                resolved[name] = f"error at {module}.{attribute}"
-                status = 1
-                break
-            resolved[name] = f"{module}.{attribute}"
-            break
+    for name, wanted in sorted(places.every().items()):
+        resolved[name] = _where(wanted)
+    status = int(any(where == "error" for where in resolved.values()))
     print(json.dumps(resolved, sort_keys=True))
     return status
 
