@@ -3,12 +3,14 @@
 Two steps, because the GPU machine has neither SGLang nor a network:
 
 ``build`` (here, with network)
-    For each release of ``tests/release_matrix.py``: its overlay (installed if needed), then
+    For each release of ``tests/release_matrix.py`` (or those named): its overlay (installed
+    if needed), then
     a kernel-only tree of it (``tests/layouts/_oracle/_sglang_kernel_overlay.py``) in
     ``DIR/sgl-<release>``; the ``tvm_ffi`` headers (``DIR/tvm_ffi_include``); and the wheels
     the kernels import that a bare device lacks (``msgspec``, and ``apache-tvm-ffi``, SGLang's
     JIT compiler front end), downloaded for the device's Python into ``DIR/wheels``. About
-    52 MB for four releases.
+    52 MB for 0.5.12, 0.5.18, 0.5.20 and 0.5.23 (a tree is 3-19 MB): where a device takes
+    less at a time, build the releases in groups, one ``DIR`` each.
 
 ``run`` (on the GPU machine, ``DIR`` carried)
     Unpacks the wheels into a temporary folder and runs the tests marked ``sglang`` of
@@ -19,6 +21,7 @@ Two steps, because the GPU machine has neither SGLang nor a network:
 Usage::
 
     python tests/gpu_matrix.py build .device
+    python tests/gpu_matrix.py build .device-a 0.5.12 0.5.13 0.5.14   # some releases
     python tests/gpu_matrix.py run .device [--junit-dir OUT]   # on the GPU machine
 
 Results of the last run are in ``docs/layouts/oracles.md`` ("GPU tier per release").
@@ -53,13 +56,17 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def build(out: Path) -> None:
+def build(out: Path, releases: list[str]) -> None:
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "layouts" / "_oracle")]
     import _sglang_kernel_overlay as overlay
     import release_matrix
 
+    unknown = sorted(set(releases) - set(release_matrix.RELEASES))
+    if unknown:
+        known = ", ".join(release_matrix.RELEASES)
+        raise SystemExit(f"not releases of the matrix: {', '.join(unknown)} (it has {known})")
     out.mkdir(parents=True, exist_ok=True)
-    for release in release_matrix.RELEASES:
+    for release in releases or release_matrix.RELEASES:
         target, _ = release_matrix.install(release)
         source = _package_dir("sglang") if target is None else target / "sglang"
         overlay.build(source, out / f"sgl-{release}")
@@ -131,12 +138,13 @@ def main() -> int:
     steps = parser.add_subparsers(dest="step", required=True)
     build_step = steps.add_parser("build", help="build the trees and fetch the wheels (here)")
     build_step.add_argument("dir", type=Path)
+    build_step.add_argument("releases", nargs="*", help="releases of the matrix (default: all)")
     run_step = steps.add_parser("run", help="run the GPU tiers per tree (on the GPU machine)")
     run_step.add_argument("dir", type=Path)
     run_step.add_argument("--junit-dir", type=Path, default=None)
     args = parser.parse_args()
     if args.step == "build":
-        build(args.dir)
+        build(args.dir, args.releases)
         return 0
     return run(args.dir, args.junit_dir)
 

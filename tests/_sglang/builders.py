@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import torch
 
-from _sglang.features import ReleaseLacks, accepts, pool_class, require
+from _sglang.features import ReleaseLacks, accepts, pool_class, require, require_kv_layout
 
 __all__ = [
     "DSV4_LAYOUT_DIMS",
@@ -119,11 +119,12 @@ def _no_transpose(cls: type) -> dict[str, bool]:
 
 
 def _layout_kwargs(cls: type, kv_layout: str | None) -> dict[str, str]:
-    """``kv_layout=`` for a DSv4 pool, or :class:`ReleaseLacks` before it existed (0.5.21)."""
+    """``kv_layout=`` for a DSv4 pool, or :class:`ReleaseLacks` where the release has no
+    such parameter (before 0.5.21) or no such layout in its ``KVLayout`` (0.5.21 has V4,
+    V41 and V41_FP4; the ``_new`` page formats and UNIFORM_FP8 come later)."""
     if kv_layout is None:
         return {}
-    if not accepts(cls, "kv_layout"):
-        raise ReleaseLacks(f"{cls.__name__}(kv_layout=...)", f"kv_layout={kv_layout!r}")
+    require_kv_layout(cls, kv_layout)
     return {"kv_layout": kv_layout}
 
 

@@ -309,7 +309,7 @@ def _all_cases() -> tuple[PoolCase, ...]:
     )
     cases += _stage_variants("MLATokenToKVPool", "latent", b.build_mla_pool, _latent())
     cases += _stage_variants(
-        "DSATokenToKVPool", "latent", b.build_dsa_pool, _latent("index_key_cache.buffer")
+        "DSATokenToKVPool", "latent", b.build_dsa_pool, _latent("index_k_with_scale_buffer")
     )
     for start, full_ids in ((0, (1, 3)), (4, (5, 7))):
         cases.append(

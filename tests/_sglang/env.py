@@ -13,7 +13,9 @@ Follows ``shared/reference/sglang-on-cpu.md`` (measured there):
   ``get_parallel().override_permanently(attn_dcp_rank=0)``. Releases differ here (decided by
   what the installed modules have, see ``shared/reference/sglang-releases.md``): without
   ``override_permanently`` (0.5.14-0.5.19) the scoped ``get_parallel().override(...)`` is
-  entered for the session; without ``srt/runtime_context`` (0.5.12-0.5.13) a dummy
+  entered for the session; a parallel context without ``attn_dcp_rank`` is left alone; and
+  where the runtime context has no ``override_server_args`` (0.5.12-0.5.13 have no
+  ``srt/runtime_context``, 0.5.14-0.5.15 one for the parallel state only) a dummy
   ``ServerArgs`` is published with ``server_args.set_global_server_args_for_scheduler``.
 * ``kernels/ops/attention/dsv4/kv_layout`` exists from 0.5.21 only; ``session.kv_layout`` is
   None before.
@@ -70,10 +72,11 @@ IMPORT_WARNING_FILTERS = (
     # transformers imports sentencepiece, a SWIG extension whose builtin types lack
     # __module__; CPython reports that from the import machinery.
     r"ignore:builtin type Swig\w+ has no __module__ attribute:DeprecationWarning",
-    # 0.5.12 only: its FLA utilities warn at import that Triton has no GPU driver here.
+    # Up to 0.5.17 the FLA utilities (srt/layers/attention/fla, from 0.5.16 under kernels/ops)
+    # warn at import that Triton has no GPU driver here.
     (
         r"ignore:Triton is not supported on current platform, roll back to CPU\.:UserWarning:"
-        r"sglang\.srt\.layers\.attention\.fla\.utils"
+        r"sglang\.(srt\.layers|kernels\.ops)\.attention\.fla\.utils"
     ),
 )
 
@@ -127,6 +130,7 @@ class SGLangSession:
     _server_args_handle: Any = field(default=None, repr=False)
     _parallel_override: Any = field(default=None, repr=False)
     _saved_global_args: Any = field(default=None, repr=False)
+    _parallel_stamped: bool = field(default=False, repr=False)
     _config_installed: bool = field(default=False, repr=False)
 
     @property
@@ -196,18 +200,24 @@ def _restore_env(saved: dict[str, str | None]) -> None:
 
 def _install_config(session: SGLangSession) -> None:
     context = session.runtime_context
-    if context is None:
+    published = context is not None and hasattr(context.get_context(), "override_server_args")
+    if published:
+        handle = context.get_context().override_server_args(device="cpu")
+        handle.install()
+        session._server_args_handle = handle
+    else:  # 0.5.12-0.5.15: no runtime context, or one that holds only the parallel state
         _install_global_server_args(session)
-        session._config_installed = True
-        return
-    handle = context.get_context().override_server_args(device="cpu")
-    handle.install()
     try:
         # attn_dcp_rank alone makes the published parallel config complete enough for
         # DSATokenToKVPool, DeepSeekV4TokenToKVPool and DeepSeekV4IndexerPool(None).
-        parallel = context.get_parallel()
+        # Releases whose parallel context has no such field read none of it.
+        parallel = None if context is None else context.get_parallel()
+        if parallel is None or not hasattr(type(parallel), "attn_dcp_rank"):
+            session._config_installed = True
+            return
         if hasattr(parallel, "clear_stamp"):
             parallel.override_permanently(attn_dcp_rank=0)
+            session._parallel_stamped = True
         else:
             # Before 0.5.21 there is no way to undo a permanent override (0.5.14-0.5.19 lack
             # override_permanently altogether): the scoped override is held for the session.
@@ -215,14 +225,13 @@ def _install_config(session: SGLangSession) -> None:
             scoped.__enter__()
             session._parallel_override = scoped
     except BaseException:
-        handle.restore()
+        _restore_server_args(session)
         raise
-    session._server_args_handle = handle
     session._config_installed = True
 
 
 def _install_global_server_args(session: SGLangSession) -> None:
-    """0.5.12-0.5.13 (no ``runtime_context``): publish a dummy ``ServerArgs`` globally."""
+    """Before ``override_server_args`` (0.5.12-0.5.15): publish a dummy ``ServerArgs`` globally."""
     server_args = importlib.import_module("sglang.srt.server_args")
     session._saved_global_args = getattr(server_args, "_global_server_args", None)
     cls = server_args.ServerArgs
@@ -241,22 +250,27 @@ def _install_global_server_args(session: SGLangSession) -> None:
     server_args.set_global_server_args_for_scheduler(dummy)
 
 
+def _restore_server_args(session: SGLangSession) -> None:
+    if session._server_args_handle is not None:
+        handle, session._server_args_handle = session._server_args_handle, None
+        handle.restore()
+        return
+    server_args = importlib.import_module("sglang.srt.server_args")
+    server_args.set_global_server_args_for_scheduler(session._saved_global_args)
+    session._saved_global_args = None
+
+
 def _uninstall_config(session: SGLangSession) -> None:
     if not session._config_installed:
         return
     session._config_installed = False
-    if session.runtime_context is None:
-        server_args = importlib.import_module("sglang.srt.server_args")
-        server_args.set_global_server_args_for_scheduler(session._saved_global_args)
-        session._saved_global_args = None
-        return
     if session._parallel_override is not None:
         scoped, session._parallel_override = session._parallel_override, None
         scoped.__exit__(None, None, None)
-    else:
+    elif session._parallel_stamped and session.runtime_context is not None:
+        session._parallel_stamped = False
         session.runtime_context.get_parallel().clear_stamp()
-    session._server_args_handle.restore()
-    session._server_args_handle = None
+    _restore_server_args(session)
 
 
 def _optional_module(name: str) -> ModuleType | None:

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import pytest
 
+from _sglang import places as _places
 from _sglang.env import prepare_sglang
 
 __all__ = [
@@ -104,6 +105,27 @@ def require(present: object, feature: str) -> None:
         raise ReleaseLacks(feature)
 
 
+def require_k_only_writer(native: Any) -> None:
+    """Skip by capability where ``MHATokenToKOnlyPool`` has no ``set_k_buffer`` of its own.
+
+    0.5.15 (the first release with the class) to 0.5.17 write its rows only through the
+    parent's ``MiniMaxSparseKVPool.set_index_k_buffer`` (into ``k_buffer[local id]`` too).
+    """
+    require(hasattr(type(native), "set_k_buffer"), "MHATokenToKOnlyPool.set_k_buffer")
+
+
+def require_kv_layout(cls: type, kv_layout: str) -> None:
+    """Skip by capability unless ``cls(kv_layout=kv_layout)`` can be built: the parameter
+    exists from 0.5.21, and 0.5.21's ``KVLayout`` has V4, V41 and V41_FP4 only (0.5.22 adds
+    UNIFORM_FP8, 0.5.23 the ``_NEW`` page formats)."""
+    lacks = ReleaseLacks(f"{cls.__name__}(kv_layout=...)", f"kv_layout={kv_layout!r}")
+    if not accepts(cls, "kv_layout"):
+        raise lacks
+    module = prepare_sglang().kv_layout
+    if module is not None and kv_layout not in {member.value for member in module.KVLayout}:
+        raise lacks
+
+
 _NAMED_KV = {4: "c4_kv_pool", 128: "c128_kv_pool"}
 _NAMED_INDEX = {4: "c4_indexer_kv_pool"}
 
@@ -156,6 +178,16 @@ def sglang_code(*places: tuple[str, str]) -> Any:
     Any import failure other than "this release has no such module" propagates.
     """
     return _resolve(places)[1]
+
+
+def fp4_indexer_store(*, rne: bool) -> Any:
+    """SGLang's ``store_fp4_index_k_cache(input, cache, loc, *, page_size)`` rounding as
+    asked, or :class:`ReleaseLacks`: 0.5.16-0.5.20's rounds by threshold only (no ``rne``)."""
+    store = sglang_code(*_places.FP4_INDEXER_STORE)
+    if "rne" in inspect.signature(store).parameters:
+        return functools.partial(store, rne=rne)
+    require(not rne, "store_fp4_index_k_cache(rne=True)")
+    return store
 
 
 def sglang_place(*places: tuple[str, str]) -> tuple[str, str]:

@@ -24,7 +24,7 @@ import pytest
 import torch
 from _layout_cases import ALL_LAYOUTS, layout_id, tile_values
 from _sglang import places
-from _sglang.features import ReleaseLacks, sglang_code
+from _sglang.features import ReleaseLacks, fp4_indexer_store, sglang_code
 
 from kvcompat.layouts import (
     DSA_FP8,
@@ -355,12 +355,12 @@ def test_uniform_fp8_twin_is_the_torch_cast_on_cuda() -> None:
 @pytest.mark.parametrize("spec", [DSV4_INDEXER_FP4, DSV4_INDEXER_FP4_RNE], ids=layout_id)
 def test_sglang_triton_fp4_indexer_store_is_reproduced(spec: LayoutSpec, non_finite: bool) -> None:
     """``store_fp4_index_k_cache`` with real GPU rounding (``amax / 6``, NaN handling)."""
-    store = sglang_code(*places.FP4_INDEXER_STORE)
+    store = fp4_indexer_store(rne=spec is DSV4_INDEXER_FP4_RNE)
     page_size, rows, n = 64, 4, 160
     values = special_values(spec, n, seed=9, dtype=torch.bfloat16, non_finite=non_finite).cuda()
     loc = torch.randperm(rows * page_size, generator=torch.Generator().manual_seed(2))[:n].cuda()
     theirs = torch.zeros(rows, spec.page_bytes(page_size), dtype=torch.uint8, device="cuda")
-    store(values, theirs, loc, page_size=page_size, rne=spec is DSV4_INDEXER_FP4_RNE)
+    store(values, theirs, loc, page_size=page_size)
     ours = torch.zeros_like(theirs)
     quantize(spec, values, ours, loc, page_size, check_finite=not non_finite)
     assert torch.equal(ours.cpu(), theirs.cpu()), int((ours != theirs).sum())

@@ -33,7 +33,12 @@ from _sglang.cases import (
     same_memory,
 )
 from _sglang.env import SGLangSession
-from _sglang.features import ReleaseLacks, dsv4_index_pools, dsv4_single_getter_is_raw
+from _sglang.features import (
+    ReleaseLacks,
+    dsv4_index_pools,
+    dsv4_single_getter_is_raw,
+    require_k_only_writer,
+)
 
 import kvcompat
 from kvcompat import PoolKind
@@ -811,6 +816,7 @@ def test_trap4_k_only_local_writer_absolute_getter() -> None:
     kvcompat's key for absolute id start + i sees set_k_buffer(i, ...)."""
     start = 2
     native = b.build_k_only_pool(start_layer=start, layer_num=2)
+    require_k_only_writer(native)
     pool = kvcompat.adapt(native)
     label = f"MHATokenToKOnlyPool(start_layer={start})"
     loc = torch.tensor([3, 17])

@@ -72,7 +72,7 @@ def _dsv4_request_window() -> Any:
     lacks = "DeepSeek-V4 request-window SWA (enable_encoder_swa_bounded_replay)"
     try:
         from sglang.srt.runtime_context import get_exec
-    except ModuleNotFoundError as exc:  # 0.5.12
+    except ImportError as exc:  # no runtime_context (0.5.12-0.5.13), or none with get_exec
         raise ReleaseLacks(lacks) from exc
 
     features = get_exec().features
@@ -207,6 +207,15 @@ def test_descriptors_equal_sglang_buf_infos(case_id: str, group: str, method: st
     require(hasattr(native, method), f"{type(native).__name__}.{method}")
     theirs = tuple(list(column) for column in getattr(native, method)())
     ours = as_buf_infos(transfer_descriptors(native, group=group))
+    window = getattr(native, "request_window", None)
+    if group == "state" and window is not None and native.swa_kv_pool is None:
+        pointers = {buf.data_ptr() for buf in window.state.kv_buffer}
+        if not pointers & set(theirs[0]):
+            # 0.5.21-0.5.22 register no SWA state for PD under encoder replay; from 0.5.23
+            # SGLang registers the request window's, which kvcompat describes on every release.
+            keep = [i for i, pointer in enumerate(ours[0]) if pointer not in pointers]
+            assert len(keep) == len(ours[0]) - len(pointers), case_id
+            ours = tuple([column[i] for i in keep] for column in ours)
     assert ours == theirs, f"{case_id}: {group} differs from {method}()"
     assert ours[0], f"{case_id}: SGLang registers something for {group}"
 
@@ -272,7 +281,8 @@ def test_dsv4_manifest_covers_every_part() -> None:
 def test_dsv4_low_ratio_layers_share_their_source_buffer() -> None:
     native = _dsv4_low_ratios()
     manifest = describe(native)
-    assert manifest.layout == native.pd_kv_layout()
+    if callable(getattr(native, "pd_kv_layout", None)):  # 0.5.23 on
+        assert manifest.layout == native.pd_kv_layout()
     c1 = manifest.find("c1")
     (entry,) = c1.tensors
     assert entry.layer_ids == (1, 2)  # layer 2 reads the buffer layer 1 writes

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _sglang import builders as b
 from _sglang.cases import CONFORMANCE_CASES, PoolCase
-from _sglang.features import cpu_kernel, pool_class
+from _sglang.features import cpu_kernel, pool_class, require_k_only_writer
 
 import kvcompat
 from kvcompat.layouts import dequantize, quantize
@@ -112,6 +112,7 @@ def test_mha_write_equals_native_set_kv_buffer(dtype: torch.dtype) -> None:
 
 def test_k_only_write_equals_native_set_k_buffer() -> None:
     ours, theirs = b.build_k_only_pool(), b.build_k_only_pool()
+    require_k_only_writer(theirs)
     loc = torch.tensor([0, 5, 63])
     k = torch.randn(3, 2, 8).to(torch.bfloat16)
     theirs.set_k_buffer(1, loc, k.clone())

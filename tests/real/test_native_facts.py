@@ -39,6 +39,7 @@ from _sglang.features import (
     kv_write_loc,
     mha_fuses_k_and_v,
     release,
+    require_k_only_writer,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -493,6 +494,7 @@ def test_trap3_uniform_fp8_uses_raw_ids_for_getter_and_writer() -> None:
 
 def test_trap4_k_only_writer_takes_local_ids_getter_absolute_ids() -> None:
     native = b.build_k_only_pool(start_layer=1, layer_num=2)
+    require_k_only_writer(native)
     k = torch.ones(2, b.HEAD_NUM, b.HEAD_DIM, dtype=BF16)
     native.set_k_buffer(1, _LOC, k)  # lands in k_buffer[1]: layer 2's buffer
     assert torch.equal(native.k_buffer[1][_LOC], k)
@@ -729,7 +731,8 @@ def test_dsv4_token_pool_sub_pool_geometry() -> None:
 
 def test_dsv4_token_pool_v41_layouts() -> None:
     native = b.build_dsv4_token_pool(start_layer=0, kv_layout="v41")
-    assert native.pd_kv_layout() == "v41,c4:v41,c128:v41"
+    if callable(getattr(native, "pd_kv_layout", None)):  # 0.5.23 on
+        assert native.pd_kv_layout() == "v41,c4:v41,c128:v41"
     assert native.swa_kv_pool.kv_cache_total_dim == 528
 
 

@@ -30,6 +30,7 @@ from _sglang.features import (
     cpu_kernel,
     kv_write_loc,
     mha_fuses_k_and_v,
+    require_kv_layout,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -652,7 +653,7 @@ def test_dsv4_single_pool_refuses_like_the_real_class(overrides: dict[str, Any])
 @pytest.mark.parametrize("layout", ["v41", "v41_fp4", "uniform_fp8", "v41_new", "v41_fp4_new"])
 def test_dsv4_reference_refuses_the_layouts_it_does_not_model(layout: str) -> None:
     """Documented scope: the reference models V4 only and says so instead of mis-sizing pages."""
-    _require_dsv4_layouts()
+    require_kv_layout(_require_dsv4_layouts(), layout)
     args: dict[str, Any] = {
         "size": 64,
         "page_size": 64,

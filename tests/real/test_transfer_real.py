@@ -72,11 +72,12 @@ def _native_request_state(pool: Any, slot: int, seq_len: int) -> tuple[int, ...]
     utils = importlib.import_module("sglang.srt.disaggregation.utils")
     require(hasattr(utils, "get_dsv4_c128_state_indices"), "a DSv4 c128-state PD transfer")
     # 0.5.15-0.5.20: the decode side's c128 payload (ring size from the pool, as it asks).
+    # Whether the c128 state is online: the pool's state says from 0.5.16; 0.5.15's PD path
+    # asks a process-wide switch instead, as here.
     c128 = next(p for p in pool.compress_state_pools if p is not None and p.ratio == 128)
-    ring_size = 1 if c128.online else pool.get_ring_size(128)
-    native = utils.get_dsv4_c128_state_indices(
-        slot, seq_len, online=c128.online, ring_size=ring_size
-    )
+    online = c128.online if hasattr(c128, "online") else utils.is_dsv4_c128_online_enabled()
+    ring_size = 1 if online else pool.get_ring_size(128)
+    native = utils.get_dsv4_c128_state_indices(slot, seq_len, online=online, ring_size=ring_size)
     return tuple(native.tolist())
 
 

@@ -4,12 +4,13 @@ The GPU tier (``tests/layouts/test_layouts_gpu.py``) compares kvcompat with SGLa
 kernels: its CUDA JIT stores (compiled from ``sglang/kernels/jit``) and its Triton readers
 and stores under ``sglang/kernels/ops``. A device without network cannot install SGLang's
 dependency tree, so this script copies an installed sglang's ``kernels`` package and its
-DeepSeek-V4 test references (``test/kernels/deepseek_v4``) **unmodified** and writes
-explicit stand-ins for the few other ``sglang`` helpers that the kernels' import chain
+DeepSeek-V4 test references (``test/kernels/deepseek_v4``, from 0.5.17) **unmodified** and
+writes explicit stand-ins for the few other ``sglang`` helpers that the kernels' import chain
 needs (platform probes, ``envs``, decorators, a one-GPU parallel context), each answering
 as a single NVIDIA CUDA GPU would (not HIP, XPU, NPU or MUSA; no Blackwell paths). The
-stand-ins cover the names 0.5.12, 0.5.18, 0.5.20 and 0.5.23 import. 0.5.12 has no
-``kernels`` package: from it come its ``jit_kernel`` package and :data:`LEGACY_MODULES`.
+stand-ins cover the names the releases of the matrix import. 0.5.12-0.5.15 have no
+``kernels`` package: from them come the ``jit_kernel`` package and :data:`LEGACY_MODULES`;
+0.5.16 has both packages (its JIT moved under ``kernels/jit`` in 0.5.17).
 Any other ``sglang.srt`` module is absent, so code that needs more fails loudly instead
 of running on a guess; an ``envs`` variable without a listed value raises
 ``LookupError``. A ``dist-info`` stamp carries the release's version, which the tests'
@@ -99,7 +100,13 @@ STAND_INS = {
         ENABLE_JIT_DEEPGEMM = False  # no DeepGEMM in the overlay: its GEMM paths are off
     """,
     "srt/utils/common.py": """
+        import torch
+
         from sglang.srt.utils import is_cuda, is_gfx1250_supported, is_hip
+
+
+        def get_cuda_version():  # 0.5.16's JIT architecture probe asks the toolkit torch has
+            return tuple(map(int, torch.version.cuda.split("."))) if torch.version.cuda else (0, 0)
     """,
     "srt/utils/custom_op.py": """
         def register_custom_op(fn=None, **options):
@@ -111,6 +118,12 @@ STAND_INS = {
             return lambda func: func  # nothing here is compiled
     """,
     "srt/layers/__init__.py": "",
+    "srt/layers/dcp/__init__.py": """
+        # 0.5.15's MLA scatter asks for decode context parallelism: one GPU has none.
+        def dcp_enabled(): return False
+        def get_attention_dcp_rank(): return 0
+        def get_attention_dcp_world_size(): return 1
+    """,
     "srt/layers/attention/__init__.py": "",
     "srt/layers/attention/dsa/__init__.py": "",
     "srt/layers/attention/dsa/utils.py": """
@@ -151,19 +164,28 @@ STAND_INS = {
 
 
 LEGACY_MODULES = (
-    "srt/layers/attention/dsv4/quant_k_cache.py",  # the V4 quantizer
-    "srt/layers/attention/dsv4/index_buf_accessor.py",  # the V4 pack store
-    "srt/layers/attention/nsa/quant_k_cache.py",  # the DSA quantizer
-    "srt/layers/attention/nsa/dequant_k_cache.py",  # the DSA reader
-    "srt/layers/quantization/fp8_kernel.py",  # is_fp8_fnuz, imported by the V4 code
-    "srt/layers/quantization/fp8_utils.py",
-    "srt/mem_cache/utils.py",  # the MLA row write
-    "kernel_api_logging.py",  # imported by jit_kernel (the standard library only)
+    ("srt/layers/attention/dsv4/quant_k_cache.py",),  # the V4 quantizer
+    ("srt/layers/attention/dsv4/index_buf_accessor.py",),  # the V4 pack store
+    ("srt/layers/attention/dsv4/dequant_k_cache.py",),  # the V4 reader (0.5.13-0.5.15)
+    # the DSA quantizer and reader: ``dsa`` from 0.5.13, ``nsa`` in 0.5.12
+    ("srt/layers/attention/dsa/quant_k_cache.py", "srt/layers/attention/nsa/quant_k_cache.py"),
+    (
+        "srt/layers/attention/dsa/dequant_k_cache.py",
+        "srt/layers/attention/nsa/dequant_k_cache.py",
+    ),
+    ("srt/layers/quantization/fp8_kernel.py",),  # is_fp8_fnuz, imported by the V4 code
+    ("srt/layers/quantization/fp8_utils.py",),
+    # the MLA row write: its own module from 0.5.13 (0.5.13's utils.py imports the eviction
+    # policies, which the tree has not), in the cache utilities in 0.5.12
+    ("srt/mem_cache/triton_ops/mla_buffer.py", "srt/mem_cache/utils.py"),
+    ("kernel_api_logging.py",),  # imported by jit_kernel (the standard library only)
 )
-"""0.5.12's layout code, copied unmodified (from 0.5.13 on it lives under ``kernels``)."""
+"""0.5.12-0.5.15's layout code, copied unmodified (from 0.5.16 on it lives under
+``kernels``): of each entry, the first file the release has (none: it lacks that code)."""
 SGL_KERNEL = """
-    # Stand-in for sgl_kernel (SGLang's compiled ops), which the overlay has not: 0.5.12's
-    # fp8_kernel imports GEMM quantizers from it at import time; layout code never calls them.
+    # Stand-in for sgl_kernel (SGLang's compiled ops), which the overlay has not. Up to 0.5.16
+    # (while the JIT is the jit_kernel package) fp8_kernel imports GEMM quantizers from it at
+    # import time on CUDA, later releases only on other platforms; layout code never calls them.
     def __getattr__(name):
         if name.startswith("__"):
             raise AttributeError(name)
@@ -189,19 +211,27 @@ def _version(sglang_dir: Path) -> str:
 def build(sglang_dir: Path, out: Path) -> Path:
     """Write ``out/sglang`` (replacing it) and return its path."""
     package = out / "sglang"
-    for previous in (package, out / "sgl_kernel"):  # the stand-in only a 0.5.12 tree has
+    for previous in (package, out / "sgl_kernel"):  # the stand-in only a 0.5.12-0.5.15 tree has
         if previous.exists():
             shutil.rmtree(previous)
     skip = shutil.ignore_patterns("__pycache__")
-    if (sglang_dir / "kernels").is_dir():  # 0.5.13 on
+    if (sglang_dir / "kernels").is_dir():  # 0.5.16 on
         shutil.copytree(sglang_dir / "kernels", package / "kernels", ignore=skip)
+        if (sglang_dir / "jit_kernel").is_dir():  # 0.5.16: the JIT has not moved in yet
+            shutil.copytree(sglang_dir / "jit_kernel", package / "jit_kernel", ignore=skip)
+        if (sglang_dir / "kernel_api_logging.py").is_file():  # 0.5.16-0.5.17's JIT imports it
+            shutil.copy2(sglang_dir / "kernel_api_logging.py", package / "kernel_api_logging.py")
         references = Path("test") / "kernels" / "deepseek_v4"
-        shutil.copytree(sglang_dir / references, package / references, ignore=skip)
-        for parent in (Path("test"), Path("test") / "kernels"):  # SGLang's are empty too
-            (package / parent / "__init__.py").write_text("")
-    else:  # 0.5.12: its JIT package and the srt modules that hold its layout code
+        if (sglang_dir / references).is_dir():  # from 0.5.17
+            shutil.copytree(sglang_dir / references, package / references, ignore=skip)
+            for parent in (Path("test"), Path("test") / "kernels"):  # SGLang's are empty too
+                (package / parent / "__init__.py").write_text("")
+    else:  # 0.5.12-0.5.15: the JIT package and the srt modules that hold the layout code
         shutil.copytree(sglang_dir / "jit_kernel", package / "jit_kernel", ignore=skip)
-        for relative in LEGACY_MODULES:
+        for choices in LEGACY_MODULES:
+            relative = next((name for name in choices if (sglang_dir / name).is_file()), None)
+            if relative is None:
+                continue
             target = package / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(sglang_dir / relative, target)
@@ -209,6 +239,7 @@ def build(sglang_dir: Path, out: Path) -> Path:
                 init = package / parent / "__init__.py"
                 if not init.exists():
                     init.write_text("")
+    if (sglang_dir / "jit_kernel").is_dir():  # 0.5.12-0.5.16 (see SGL_KERNEL)
         (out / "sgl_kernel").mkdir(exist_ok=True)
         (out / "sgl_kernel" / "__init__.py").write_text(textwrap.dedent(SGL_KERNEL).lstrip("\n"))
     (package / "__init__.py").write_text("")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from _sglang.features import fp4_indexer_store
 
 from _oracle._common import (
     Result,
@@ -27,7 +28,7 @@ def _indexer_fp4_store(spec: LayoutSpec, *, rne: bool) -> Result:
     compile ``amax / 6`` into ``amax * fl(1/6)`` (as it does DSA's ``/ 448``); the ceiled
     exponent then differs only if the two land on opposite sides of a power of two (the
     GPU run is owed)."""
-    from sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache import store_fp4_index_k_cache
+    store = fp4_indexer_store(rne=rne)
 
     problems, tokens = [], 0
     for page_size, seed in ((64, 41), (128, 42)):
@@ -38,7 +39,7 @@ def _indexer_fp4_store(spec: LayoutSpec, *, rne: bool) -> Result:
         g = torch.Generator().manual_seed(seed)
         loc = torch.randperm(3 * page_size, generator=g)[:n]
         theirs = torch.zeros(3, page_size * 68, dtype=torch.uint8)
-        store_fp4_index_k_cache(values, theirs, loc, page_size=page_size, rne=rne)
+        store(values, theirs, loc, page_size=page_size)
         ours = torch.zeros_like(theirs)
         quantize(spec, values, ours, loc, page_size)
         if not torch.equal(theirs, ours):

@@ -33,14 +33,22 @@ def layout_geometry() -> Result:
             ("tile_size", spec.tile_size),
             ("bytes_per_token", spec.bytes_per_token),
             ("page_align", spec.page_align),
-            ("is_interleaved", spec.interleaved),
         ):
             if getattr(member, attr) != ours:
                 problems.append(f"{member.value}.{attr}: {getattr(member, attr)} != {ours}")
+        # 0.5.21-0.5.22 have block-split pages only (no is_interleaved), addressed by
+        # where their scale rows start (scale_offset; row_addressing came with _NEW).
+        if getattr(member, "is_interleaved", False) != spec.interleaved:
+            problems.append(f"{member.value}.is_interleaved != {spec.interleaved}")
         for page_size in (1, 2, 4, 64, 128, 256, 512):
             if member.page_bytes(page_size) != spec.page_bytes(page_size):
                 problems.append(f"{member.value}.page_bytes({page_size})")
-            if member.row_addressing(page_size) != spec.row_addressing(page_size):
+            if hasattr(member, "row_addressing"):
+                theirs = member.row_addressing(page_size)
+            else:
+                offset = member.scale_offset(page_size)
+                theirs = (member.data_bytes, offset, member.scale_bytes)
+            if theirs != spec.row_addressing(page_size):
                 problems.append(f"{member.value}.row_addressing({page_size})")
     return fail_or_pass(problems, f"{len(KVLayout)} KVLayout members, 7 page sizes")
 

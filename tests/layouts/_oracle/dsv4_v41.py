@@ -3,11 +3,12 @@ Triton readers."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from _sglang import places
-from _sglang.features import sglang_code
+from _sglang.features import require, sglang_code
 
 from _oracle._common import (
     Result,
@@ -33,6 +34,14 @@ def _v41_reference() -> Any:
     return sglang_code(*places.V41_REFERENCE)
 
 
+def _reference_part(ref: Any, name: str) -> Any:
+    """``ref.<name>``, or a capability skip: 0.5.21-0.5.22's reference has the fp4 codecs
+    only, and no ``interleave_pages`` / ``deinterleave_pages`` (no ``_NEW`` layouts yet)."""
+    part = getattr(ref, name, None)
+    require(callable(part), ".".join((*places.V41_REFERENCE[0], name)))
+    return part
+
+
 def _v41_reference_store(spec: LayoutSpec, *, non_finite: bool) -> Result:
     """Whole pages against the torch reference; with NaN/inf, the tiles holding them are
     excluded: there kvcompat follows the CUDA store (verified on an H200), which does not
@@ -50,10 +59,11 @@ def _v41_reference_store(spec: LayoutSpec, *, non_finite: bool) -> Result:
             values[1, 40] = float("inf")
             values[2, 100] = -float("inf")
             values[3, 7], values[3, 9] = float("nan"), float("inf")
-        quant = ref.quantize_k_cache_v41_fp4 if fp4 else ref.quantize_k_cache_v41
+        quant = _reference_part(ref, "quantize_k_cache_v41_fp4" if fp4 else "quantize_k_cache_v41")
         expected = quant(values.view(num_pages, page_size, 512), spec.page_bytes(page_size))
         if spec.interleaved:
-            expected = ref.interleave_pages(expected, page_size, spec.data_bytes, spec.scale_bytes)
+            interleave = _reference_part(ref, "interleave_pages")
+            expected = interleave(expected, page_size, spec.data_bytes, spec.scale_bytes)
         ours = torch.zeros(num_pages, spec.page_bytes(page_size), dtype=torch.uint8)
         loc = torch.arange(n)
         # tile_values reaches past 2688, where fp4 tiles saturate: that needs check_finite=False.
@@ -122,6 +132,13 @@ def _v41_dequant_vs_triton(spec: LayoutSpec) -> Result:
     theirs = torch.empty(n, 1, 512, dtype=torch.bfloat16)
     kernel = sglang_code(*(places.V41_FP4_READER_KERNEL if fp4 else places.V41_FP8_READER_KERNEL))
     data_stride, scale_base, scale_stride = spec.row_addressing(page_size)
+    addressing = {
+        "DATA_STRIDE": data_stride, "SCALE_BASE": scale_base, "SCALE_STRIDE": scale_stride
+    }  # fmt: skip
+    if "S_OFFSET_BYTES" in inspect.signature(kernel.fn).parameters:
+        # 0.5.21-0.5.22: block-split pages only, addressed by where the scale rows start.
+        require(not spec.interleaved, f"{kernel.fn.__name__} over interleaved pages")
+        addressing = {"S_OFFSET_BYTES": scale_base}
     kernel[(n,)](
         theirs,
         buf.view(torch.float8_e4m3fn).reshape(-1),
@@ -133,9 +150,7 @@ def _v41_dequant_vs_triton(spec: LayoutSpec) -> Result:
         DATA_BYTES=spec.data_bytes,
         SCALE_BYTES=spec.scale_bytes,
         TILE_SIZE=spec.tile_size,
-        DATA_STRIDE=data_stride,
-        SCALE_BASE=scale_base,
-        SCALE_STRIDE=scale_stride,
+        **addressing,
         IS_HIP=False,
     )
     theirs = theirs.reshape(n, 512)
@@ -183,8 +198,9 @@ def _v41_dequant_vs_reference(spec: LayoutSpec) -> Result:
     ours = dequantize(spec, buf, loc, page_size)
     pages = buf
     if spec.interleaved:
-        pages = ref.deinterleave_pages(buf, page_size, spec.data_bytes, spec.scale_bytes)
-    read = ref.dequantize_k_cache_v41_fp4 if fp4 else ref.dequantize_k_cache_v41
+        deinterleave = _reference_part(ref, "deinterleave_pages")
+        pages = deinterleave(buf, page_size, spec.data_bytes, spec.scale_bytes)
+    read = _reference_part(ref, "dequantize_k_cache_v41_fp4" if fp4 else "dequantize_k_cache_v41")
     theirs = read(pages, page_size).reshape(-1, 512)
     equal = nan_aware_equal(ours, theirs)
     if not equal.all():
