@@ -8,7 +8,7 @@ those packages is copied here: the files are scanned where they are installed
 (SGLang) or from the wheels pip downloads.
 
 ``tests/scan/corpus/releases.json`` labels the code of other SGLang builds that 0.5.23
-does not have: the older releases the release matrix covers (0.5.12, 0.5.18, 0.5.20) and
+does not have: three older releases of the release matrix (0.5.12, 0.5.18, 0.5.20) and
 KTransformers' fork, sglang-kt 0.7.2. That is every finding outside their tests whose line
 (path, rule, enclosing function, text, column in it, occurrence of that text in the
 function) is not a labelled 0.5.23 finding, each line counted once however many builds

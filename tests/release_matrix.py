@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RELEASES = ("0.5.12", "0.5.18", "0.5.20", "0.5.23")
-"""The first release with DSv4 pools, the August-2026 state (= 0.5.19's DSv4 files), the
-``kv_pools`` refactor, and the test venv's own release."""
+RELEASES = tuple(f"0.5.{minor}" for minor in range(12, 24))
+"""Every release with DSv4 pools, 0.5.12 (the first) to 0.5.23 (the test venv's own); the
+``.post`` builds of 0.5.12, 0.5.13 and 0.5.15 are not in it."""
 BASE = "0.5.23"
 TIER = (
     "tests/real",
@@ -241,8 +241,10 @@ def render(results: list[dict[str, Any]]) -> str:
         ".sglang-releases/<X> -r requirements/sglang-releases/<X>.txt` on top of it). Which",
         "constructor arguments, attributes and methods a release has is read from its classes,",
         "not from its version string. 0.5.12 is the first release with DeepSeek-V4 pools;",
-        "0.5.18 has the same DSv4 pool files as 0.5.19 (the state of August 2026); 0.5.20",
-        "introduced the `kv_pools` dict; 0.5.21 `kv_layout`.",
+        "0.5.13 renamed NSA to DSA; 0.5.14 introduced `srt/runtime_context` and `KVWriteLoc`;",
+        "0.5.16 moved the layout code under `sglang.kernels`; 0.5.18 has the same DSv4 pool",
+        "files as 0.5.19 (the state of August 2026); 0.5.20 introduced the `kv_pools` dict;",
+        "0.5.21 `kv_layout`.",
         "",
         "Status per pool class: **supported** (every test of the class passes), **absent** (the",
         "release has no such class or configuration: its tests are skipped by capability),",
