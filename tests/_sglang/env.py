@@ -208,26 +208,28 @@ def _install_config(session: SGLangSession) -> None:
     else:  # 0.5.12-0.5.15: no runtime context, or one that holds only the parallel state
         _install_global_server_args(session)
     try:
-        # attn_dcp_rank alone makes the published parallel config complete enough for
-        # DSATokenToKVPool, DeepSeekV4TokenToKVPool and DeepSeekV4IndexerPool(None).
-        # Releases whose parallel context has no such field read none of it.
         parallel = None if context is None else context.get_parallel()
-        if parallel is None or not hasattr(type(parallel), "attn_dcp_rank"):
-            session._config_installed = True
-            return
-        if hasattr(parallel, "clear_stamp"):
-            parallel.override_permanently(attn_dcp_rank=0)
-            session._parallel_stamped = True
-        else:
-            # Before 0.5.21 there is no way to undo a permanent override (0.5.14-0.5.19 lack
-            # override_permanently altogether): the scoped override is held for the session.
-            scoped = parallel.override(attn_dcp_rank=0)
-            scoped.__enter__()
-            session._parallel_override = scoped
+        # Releases whose parallel context has no attn_dcp_rank read none of it.
+        if parallel is not None and hasattr(type(parallel), "attn_dcp_rank"):
+            _override_dcp_rank(session, parallel)
     except BaseException:
         _restore_server_args(session)
         raise
     session._config_installed = True
+
+
+def _override_dcp_rank(session: SGLangSession, parallel: Any) -> None:
+    # attn_dcp_rank alone makes the published parallel config complete enough for
+    # DSATokenToKVPool, DeepSeekV4TokenToKVPool and DeepSeekV4IndexerPool(None).
+    if hasattr(parallel, "clear_stamp"):
+        parallel.override_permanently(attn_dcp_rank=0)
+        session._parallel_stamped = True
+        return
+    # Before 0.5.21 there is no way to undo a permanent override (0.5.14-0.5.19 lack
+    # override_permanently altogether): the scoped override is held for the session.
+    scoped = parallel.override(attn_dcp_rank=0)
+    scoped.__enter__()
+    session._parallel_override = scoped
 
 
 def _install_global_server_args(session: SGLangSession) -> None:

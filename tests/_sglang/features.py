@@ -36,10 +36,13 @@ __all__ = [
     "SKIP_PREFIX",
     "ReleaseLacks",
     "accepts",
+    "fp4_indexer_store",
     "has_class",
     "pool_class",
     "release",
     "require",
+    "require_k_only_writer",
+    "require_kv_layout",
     "sglang_code",
     "sglang_place",
 ]
