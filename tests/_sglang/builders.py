@@ -49,6 +49,7 @@ __all__ = [
     "build_hybrid_linear_pool",
     "build_k_only_pool",
     "build_mha_pool",
+    "build_minimax_sparse_pool",
     "build_mla_pool",
     "build_swa_pool",
     "end_layer_kwargs",
@@ -166,6 +167,27 @@ def build_k_only_pool(
         start_layer=start_layer, layer_num=layer_num, end_layer=end_layer, dtype=dtype,
         k_only=True,
     )  # fmt: skip
+
+
+def build_minimax_sparse_pool() -> Any:
+    """``MiniMaxSparseKVPool`` (0.5.15 on) over layers 0-3: layer 0 dense, 1-3 sparse, and
+    of those 1 and 3 K-only, so its ``index_k_pool`` is an ``MHATokenToKOnlyPool`` serving
+    them as local ids 0 and 1."""
+    return pool_class("MiniMaxSparseKVPool")(
+        size=SIZE,
+        page_size=MHA_PAGE,
+        dtype=torch.bfloat16,
+        head_num=HEAD_NUM,
+        head_dim=HEAD_DIM,
+        idx_head_dim=HEAD_DIM,
+        dense_layer_ids=[0],
+        sparse_layer_ids=[1, 2, 3],
+        disable_value_sparse_layer_ids=[1, 3],
+        device="cpu",
+        enable_memory_saver=False,
+        start_layer=0,
+        end_layer=4,
+    )
 
 
 def build_mla_pool(

@@ -112,7 +112,8 @@ def require_k_only_writer(native: Any) -> None:
     """Skip by capability where ``MHATokenToKOnlyPool`` has no ``set_k_buffer`` of its own.
 
     0.5.15 (the first release with the class) to 0.5.17 write its rows only through the
-    parent's ``MiniMaxSparseKVPool.set_index_k_buffer`` (into ``k_buffer[local id]`` too).
+    parent's ``MiniMaxSparseKVPool.set_index_k_buffer`` (into ``k_buffer[local id]`` too),
+    which ``test_k_only_write_equals_the_minimax_parents_writer`` compares on every release.
     """
     require(hasattr(type(native), "set_k_buffer"), "MHATokenToKOnlyPool.set_k_buffer")
 

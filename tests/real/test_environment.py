@@ -7,11 +7,13 @@ import os
 import sys
 
 import pytest
+import release_matrix
 from _sglang.env import STUB_DIR, SGLangSession, prepare_sglang
 from _sglang.features import release
 
-SURVEYED_RELEASES = tuple(f"0.5.{minor}" for minor in range(12, 24))  # all but .post builds
-"""Releases whose pool API this tier was surveyed against (shared/reference/sglang-releases.md)."""
+SURVEYED_RELEASES = release_matrix.RELEASES
+"""Releases whose pool API this tier was surveyed against (shared/reference/sglang-releases.md):
+the release matrix's, which runs the tier under each."""
 
 
 def test_sglang_version_is_the_surveyed_one(sglang_session: SGLangSession) -> None:

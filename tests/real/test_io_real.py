@@ -110,6 +110,27 @@ def test_mha_write_equals_native_set_kv_buffer(dtype: torch.dtype) -> None:
     assert all(torch.equal(a, c) for a, c in zip(mine, native, strict=True))
 
 
+def test_k_only_write_equals_the_minimax_parents_writer() -> None:
+    """On every release with the class (0.5.15 on; before 0.5.18 the only native writer):
+    kvcompat's write to the K-only sub-pool equals ``MiniMaxSparseKVPool.set_index_k_buffer``
+    of the same global layer, whose sub-pool id is the mapped local one."""
+    ours, theirs = b.build_minimax_sparse_pool(), b.build_minimax_sparse_pool()
+    loc = torch.tensor([0, 5, 63])
+    k = torch.randn(3, 1, b.HEAD_DIM).to(torch.bfloat16)
+    theirs.set_index_k_buffer(b.radix_layer(3), loc, k.clone())
+    local = ours.index_k_layer_id_mapping[3]
+    assert local == 1
+    adapter = kvcompat.adapt(ours.index_k_pool)
+    adapter.write(local, loc, k)
+    assert all(
+        torch.equal(a, c)
+        for a, c in zip(
+            _bytes(ours.index_k_pool.k_buffer), _bytes(theirs.index_k_pool.k_buffer), strict=True
+        )
+    )
+    assert torch.equal(adapter.read(local, loc), k)
+
+
 def test_k_only_write_equals_native_set_k_buffer() -> None:
     ours, theirs = b.build_k_only_pool(), b.build_k_only_pool()
     require_k_only_writer(theirs)
