@@ -211,14 +211,15 @@ def _version(sglang_dir: Path) -> str:
 def build(sglang_dir: Path, out: Path) -> Path:
     """Write ``out/sglang`` (replacing it) and return its path."""
     package = out / "sglang"
-    for previous in (package, out / "sgl_kernel"):  # the stand-in only a 0.5.12-0.5.15 tree has
+    for previous in (package, out / "sgl_kernel"):  # the stand-in only a 0.5.12-0.5.16 tree has
         if previous.exists():
             shutil.rmtree(previous)
     skip = shutil.ignore_patterns("__pycache__")
+    jit_package = (sglang_dir / "jit_kernel").is_dir()  # up to 0.5.16 (then kernels/jit)
+    if jit_package:
+        shutil.copytree(sglang_dir / "jit_kernel", package / "jit_kernel", ignore=skip)
     if (sglang_dir / "kernels").is_dir():  # 0.5.16 on
         shutil.copytree(sglang_dir / "kernels", package / "kernels", ignore=skip)
-        if (sglang_dir / "jit_kernel").is_dir():  # 0.5.16: the JIT has not moved in yet
-            shutil.copytree(sglang_dir / "jit_kernel", package / "jit_kernel", ignore=skip)
         if (sglang_dir / "kernel_api_logging.py").is_file():  # 0.5.16-0.5.17's JIT imports it
             shutil.copy2(sglang_dir / "kernel_api_logging.py", package / "kernel_api_logging.py")
         references = Path("test") / "kernels" / "deepseek_v4"
@@ -226,8 +227,7 @@ def build(sglang_dir: Path, out: Path) -> Path:
             shutil.copytree(sglang_dir / references, package / references, ignore=skip)
             for parent in (Path("test"), Path("test") / "kernels"):  # SGLang's are empty too
                 (package / parent / "__init__.py").write_text("")
-    else:  # 0.5.12-0.5.15: the JIT package and the srt modules that hold the layout code
-        shutil.copytree(sglang_dir / "jit_kernel", package / "jit_kernel", ignore=skip)
+    else:  # 0.5.12-0.5.15: the srt modules that hold the layout code
         for choices in LEGACY_MODULES:
             relative = next((name for name in choices if (sglang_dir / name).is_file()), None)
             if relative is None:
@@ -239,7 +239,7 @@ def build(sglang_dir: Path, out: Path) -> Path:
                 init = package / parent / "__init__.py"
                 if not init.exists():
                     init.write_text("")
-    if (sglang_dir / "jit_kernel").is_dir():  # 0.5.12-0.5.16 (see SGL_KERNEL)
+    if jit_package:  # see SGL_KERNEL
         (out / "sgl_kernel").mkdir(exist_ok=True)
         (out / "sgl_kernel" / "__init__.py").write_text(textwrap.dedent(SGL_KERNEL).lstrip("\n"))
     (package / "__init__.py").write_text("")
