@@ -183,7 +183,7 @@ def build_minimax_sparse_pool() -> Any:
         dense_layer_ids=[0],
         sparse_layer_ids=[1, 2, 3],
         disable_value_sparse_layer_ids=[1, 3],
-        device="cpu",
+        device=DEVICE,
         enable_memory_saver=False,
         start_layer=0,
         end_layer=4,
