@@ -8,7 +8,7 @@ those packages is copied here: the files are scanned where they are installed
 (SGLang) or from the wheels pip downloads.
 
 ``tests/scan/corpus/releases.json`` labels the code of other SGLang builds that 0.5.23
-does not have: three older releases of the release matrix (0.5.12, 0.5.18, 0.5.20) and
+does not have: every older release of the release matrix (0.5.12 to 0.5.22) and
 KTransformers' fork, sglang-kt 0.7.2. That is every finding outside their tests whose line
 (path, rule, enclosing function, text, column in it, occurrence of that text in the
 function) is not a labelled 0.5.23 finding, each line counted once however many builds
@@ -303,6 +303,8 @@ def check_release(
     base = set(_numbered(labelled_base, base_root).values())
     report = scan_paths([str(root)])
     problems = [error.format() for error in report.errors]
+    if not report.findings:  # every SGLang build has base findings: nothing scanned
+        problems.append(f"{name}: no finding at all under {root}; is it the unpacked sglang?")
     found = [
         (Path(f.path).resolve().relative_to(root.resolve()).as_posix(), f.line, f.col, f.code)
         for f in report.findings
@@ -496,8 +498,8 @@ def main(argv: list[str] | None = None) -> int:
             elif args.download:
                 into = Path(tmp) / name
                 into.mkdir()
-                requirement = f"{name}=={info['version']}"
-                roots[name] = wheel_root(info, download_wheel(requirement, info["wheel"], into))
+                wanted = f"{name}=={info['version']}"
+                roots[name] = wheel_root(info, download_wheel(wanted, info["wheel"], into))
         for version, info in sorted(releases["releases"].items()):
             if version in given_releases:
                 release_roots[version] = Path(given_releases[version]) / "sglang"

@@ -152,7 +152,9 @@ def test_every_release_finding_is_labelled(sglang_root: Path, release: tuple[str
     version, root = release
     own, problems = scan_precision.check_release(DATA, RELEASES, version, root, sglang_root)
     assert problems == []
-    assert own
+    # A build has own findings exactly when some label names it (0.5.22 has none: all its
+    # findings are 0.5.23's lines); check_release refuses a scan that found nothing.
+    assert bool(own) == any(version in label["releases"] for label in RELEASES["labels"])
 
 
 @pytest.mark.sglang
@@ -276,6 +278,11 @@ def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
     assert problems(in_g, first, X=fork) == [
         "sglang-fork 1.0: unlabelled finding: a.py:12:14 KVC002"
     ]
+    # A tree with no finding at all is not a build whose lines are all 0.5.23's.
+    empty = write_tree(tmp_path / "empty", {"a.py": "x = 1\n"})
+    own, found = scan_precision.check_release(data, {"labels": []}, "X", empty, base)
+    assert own == {}
+    assert found == [f"sglang X: no finding at all under {empty}; is it the unpacked sglang?"]
 
 
 @pytest.mark.parametrize(
