@@ -284,8 +284,10 @@ def check_release(
     A build's own findings are those outside its test code whose key (``CodeKey``:
     path, rule, enclosing function, line text, column in it, occurrence in the function)
     is not that of a labelled finding of the base release (``data``'s ``sglang`` labels,
-    read under ``base_root``). Each must be labelled in ``releases`` for ``version`` at
-    its line and column, with the line's function, text and occurrence.
+    read under ``base_root``), and those with such a key that a label marked
+    ``splits_base`` claims for the build: the same line under other guards. Each must be
+    labelled in ``releases`` for ``version`` at its line and column, with the line's
+    function, text and occurrence.
 
     Returns:
         The build's own findings (with their keys), and the problems: unlabelled
@@ -309,10 +311,24 @@ def check_release(
         (Path(f.path).resolve().relative_to(root.resolve()).as_posix(), f.line, f.col, f.code)
         for f in report.findings
     ]
+    # A line with the key of a labelled 0.5.23 line that this build decides otherwise (its
+    # guards differ) has a label of its own, marked ``splits_base``: it is the build's own.
+    split = {
+        (label["path"], at["line"], at["col"], label["rule"])
+        for label in releases["labels"]
+        if label.get("splits_base") and (at := label["releases"].get(version)) is not None
+    }
+    numbered = _numbered(found, root)
+    problems.extend(
+        f"{name}: {_where(where)} is labelled splits_base, but its line is not a labelled "
+        f"{releases.get('base', 'base')} line; drop splits_base"
+        for where in sorted(split)
+        if where in numbered and numbered[where] not in base
+    )
     own = {
         where: key
-        for where, key in _numbered(found, root).items()
-        if not is_test_code(where[0]) and key not in base
+        for where, key in numbered.items()
+        if not is_test_code(where[0]) and (key not in base or where in split)
     }
     labelled: dict[Where, tuple[str, str, int]] = {}
     for label in releases["labels"]:

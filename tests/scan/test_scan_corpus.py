@@ -128,6 +128,7 @@ def test_the_release_labels_are_well_formed() -> None:
         assert isinstance(label["function"], str), label
         assert label["releases"], label
         assert set(label["releases"]) <= versions, label
+        assert label.get("splits_base", True) is True, label  # present only to claim a line
         for version, at in label["releases"].items():
             # One label per code and build: a code the fork decides otherwise is split off.
             code = (version, label["path"], label["rule"], label["function"], label["code"])
@@ -277,6 +278,22 @@ def test_a_release_is_checked_line_by_line(tmp_path: Path) -> None:
     fork = {"requirement": "sglang-fork==1.0", "wheel": "w", "sha256": "0"}
     assert problems(in_g, first, X=fork) == [
         "sglang-fork 1.0: unlabelled finding: a.py:12:14 KVC002"
+    ]
+    # f's line is 0.5.23's, but a label marked splits_base claims it for the build (its
+    # guards differ there); claiming a line that is not 0.5.23's is refused.
+    in_f = {**in_g, "function": "f", "releases": {"X": {"line": 2, "col": 17}}}
+    claimed = {**in_f, "splits_base": True}
+    assert problems(in_g, first, second, claimed) == []
+    own, _ = scan_precision.check_release(
+        data, {"labels": [in_g, first, second, claimed]}, "X", release, base
+    )
+    assert ("a.py", 2, 17, "KVC001") in own
+    assert problems(in_g, first, second, in_f) == [
+        "sglang X: labelled but not reported: a.py:2:17 KVC001"
+    ]
+    refused = "is labelled splits_base, but its line is not a labelled base line"
+    assert problems({**in_g, "splits_base": True}, first, second) == [
+        f"sglang X: a.py:6:17 KVC001 {refused}; drop splits_base"
     ]
     # A tree with no finding at all is not a build whose lines are all 0.5.23's.
     empty = write_tree(tmp_path / "empty", {"a.py": "x = 1\n"})
