@@ -94,9 +94,11 @@ def run(trees: Path, junit_dir: Path | None) -> int:
         print("no CUDA device here: every GPU test would skip; run this on the GPU machine")
         return 2
     trees = trees.resolve()
+    import release_matrix
+
     releases = sorted(
         (path.name.removeprefix("sgl-") for path in trees.glob("sgl-*")),
-        key=lambda release: tuple(int(part) for part in release.split(".")),
+        key=release_matrix.release_key,
     )
     if not releases:
         print(f"no sgl-<release> trees in {trees}: run `tests/gpu_matrix.py build` first")

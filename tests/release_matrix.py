@@ -43,9 +43,29 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RELEASES = tuple(f"0.5.{minor}" for minor in range(12, 24))
-"""Every release with DSv4 pools, 0.5.12 (the first) to 0.5.23 (the test venv's own); the
-``.post`` builds of 0.5.12, 0.5.13 and 0.5.15 are not in it."""
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """Sort key of a release: ``0.5.12`` < ``0.5.12.post1`` < ``0.5.13``."""
+    numbers = release.replace(".post", ".").split(".")
+    if len(numbers) == 3:
+        numbers.append("-1")
+    return tuple(int(part) for part in numbers)
+
+
+RELEASES = tuple(
+    sorted(
+        (
+            *(f"0.5.{minor}" for minor in range(12, 24)),
+            "0.5.12.post1",
+            "0.5.13.post1",
+            "0.5.15.post1",
+        ),
+        key=release_key,
+    )
+)
+"""Every release with DSv4 pools, 0.5.12 (the first) to 0.5.23 (the test venv's own), and the
+three patch builds among them (0.5.12.post1, 0.5.13.post1, 0.5.15.post1), oldest first."""
 BASE = "0.5.23"
 TIER = (
     "tests/real",
@@ -217,7 +237,7 @@ def summarize(
 def load_results() -> list[dict[str, Any]]:
     """Every committed per-release result, oldest release first."""
     found = [json.loads(p.read_text()) for p in DATA.glob("*.json")]
-    return sorted(found, key=lambda r: tuple(int(x) for x in r["release"].split(".")))
+    return sorted(found, key=lambda r: release_key(r["release"]))
 
 
 def render(results: list[dict[str, Any]]) -> str:
@@ -241,6 +261,8 @@ def render(results: list[dict[str, Any]]) -> str:
         ".sglang-releases/<X> -r requirements/sglang-releases/<X>.txt` on top of it). Which",
         "constructor arguments, attributes and methods a release has is read from its classes,",
         "not from its version string. 0.5.12 is the first release with DeepSeek-V4 pools;",
+        "0.5.12.post1 changed its DeepSeek-V4 pool's translation cache and the SWA allocator's",
+        "full->SWA mapping (the patch builds of 0.5.13 and 0.5.15 change no pool code);",
         "0.5.13 renamed NSA to DSA; 0.5.14 introduced `srt/runtime_context` and `KVWriteLoc`;",
         "0.5.16 moved the layout code under `sglang.kernels`; 0.5.18 has the same DSv4 pool",
         "files as 0.5.19 (the state of August 2026); 0.5.20 introduced the `kv_pools` dict;",
