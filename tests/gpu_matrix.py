@@ -128,11 +128,19 @@ def run(trees: Path, junit_dir: Path | None) -> int:
             summary = lines[-1] if lines else done.stderr.strip()[-300:]
             if done.returncode != 0:
                 failed.append(release)
-                print(done.stdout[-6000:], done.stderr[-3000:], sep="\n")
+                print(_first_failures(done.stdout), done.stderr[-3000:], sep="\n")
             print(f"== SGLang {release}: exit {done.returncode}, {re.sub('=+', '', summary)}")
     if failed:
         print(f"failed under SGLang {', '.join(failed)}")
     return 1 if failed else 0
+
+
+def _first_failures(output: str, size: int = 6000) -> str:
+    """The start of pytest's first ERRORS or FAILURES section (where the cause is), and the
+    summary line; the whole output's tail would be only the per-test summary lines."""
+    starts = [m.start() for m in re.finditer(r"^=+ (ERRORS|FAILURES) =+$", output, re.M)]
+    head = output[min(starts) : min(starts) + size] if starts else ""
+    return f"{head}\n...\n{output[-1500:]}" if head else output[-size:]
 
 
 def main() -> int:

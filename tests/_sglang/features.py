@@ -24,7 +24,9 @@ import functools
 import importlib
 import importlib.metadata
 import inspect
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -36,6 +38,7 @@ __all__ = [
     "SKIP_PREFIX",
     "ReleaseLacks",
     "accepts",
+    "declared_kv_layouts",
     "fp4_indexer_store",
     "has_class",
     "pool_class",
@@ -280,3 +283,26 @@ def torch_native_sliding_window() -> bool:
 
     helper = TorchNativeAttnBackend._run_sdpa_forward_extend
     return "sliding_window_size" in inspect.signature(helper).parameters
+
+
+def declared_kv_layouts(jit: Path) -> frozenset[str]:
+    """The members of the release's C++ ``KVLayout`` enum (``kv_layout.cuh``), lower case.
+
+    ``jit`` is the release's JIT kernel folder (``sglang/kernels/jit``; ``sglang/jit_kernel``
+    in 0.5.12): the CUDA stores take these layouts, as its V4.1 reader takes the members of
+    the Python enum (``places.KV_LAYOUT``).
+
+    0.5.21 declares V4, V41 and V41_FP4; 0.5.22 adds UNIFORM_FP8, 0.5.23 V41_NEW and
+    V41_FP4_NEW. Empty for a release without the header (before 0.5.21).
+    """
+    header = jit / "include" / "sgl_kernel" / "deepseek_v4" / "kv_layout.cuh"
+    if not header.is_file():
+        return frozenset()
+    found = re.search(r"enum class KVLayout\b[^{]*\{([^}]*)\}", header.read_text())
+    if found is None:
+        raise AssertionError(f"{header} declares no `enum class KVLayout`: read it again")
+    return frozenset(
+        member.split("=")[0].strip().lower()
+        for member in found.group(1).split(",")
+        if member.strip()
+    )

@@ -54,6 +54,9 @@ V4_HIP_STORE_KERNEL: Places = (  # 0.5.17 on
 V41_READER: Places = (  # 0.5.21 on (V4.1 is not in earlier releases)
     (_V4_DEQUANT, "dequantize_k_cache_paged_v41"),
 )
+KV_LAYOUT: Places = (  # 0.5.21 on: the layouts its V4.1 reader takes (0.5.23: the _NEW ones)
+    ("sglang.kernels.ops.attention.dsv4.kv_layout", "KVLayout"),
+)
 V41_FP8_READER_KERNEL: Places = (  # 0.5.21 on; called directly (the wrapper refuses SM90)
     (_V4_DEQUANT, "_dequantize_k_cache_paged_v41_fp8_kernel"),
 )

@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _sglang import places
+from _sglang.env import install_torchvision_stub
+from _sglang.features import ReleaseLacks, declared_kv_layouts, sglang_code
 
 pytestmark = [pytest.mark.sglang, pytest.mark.interpret]
 
@@ -61,3 +64,27 @@ def test_the_kernel_tree_resolves_every_place_as_the_release_does(tmp_path: Path
     kernels_only = _resolve([tree, ROOT, ROOT / "tests"], tmp_path, "--as-gpu")
     assert kernels_only == full
     assert any(value != "lacks" for value in full.values()), full
+
+
+def test_the_cuda_stores_and_the_v41_reader_take_the_same_layouts() -> None:
+    """The GPU tier builds SGLang's CUDA stores for the layouts of the C++ ``KVLayout`` enum
+    and asks its V4.1 reader for those of the Python one: per release, the two must agree
+    (0.5.21 V4, V41, V41_FP4; 0.5.22 adds UNIFORM_FP8; 0.5.23 V41_NEW, V41_FP4_NEW)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed")
+    source = Path(next(iter(spec.submodule_search_locations)))
+    jit = (
+        source / "kernels" / "jit"
+        if (source / "kernels" / "jit").is_dir()
+        else source / "jit_kernel"
+    )
+    declared = declared_kv_layouts(jit)
+    install_torchvision_stub()  # the Python enum's package imports sglang.srt.utils
+    try:
+        python = {member.value for member in sglang_code(*places.KV_LAYOUT)}
+    except ReleaseLacks:
+        assert declared == frozenset()  # no V4.1 before 0.5.21, in either language
+        raise
+    assert declared == python
+    assert {"v4", "v41", "v41_fp4"} <= declared

@@ -24,7 +24,12 @@ import pytest
 import torch
 from _layout_cases import ALL_LAYOUTS, layout_id, tile_values
 from _sglang import places
-from _sglang.features import ReleaseLacks, fp4_indexer_store, sglang_code
+from _sglang.features import (
+    ReleaseLacks,
+    declared_kv_layouts,
+    fp4_indexer_store,
+    sglang_code,
+)
 
 from kvcompat.layouts import (
     DSA_FP8,
@@ -138,11 +143,17 @@ def _tvm_ffi_include() -> Path | None:
 
 V41_STORE = "fused_store_flashmla_cache_v41"
 """The V4.1 stores' kernel: store.cuh has it from 0.5.21 on."""
+OPTIONAL_V41_LAYOUTS = ("UNIFORM_FP8", "V41_NEW", "V41_FP4_NEW")
+"""Members of the V4.1 stores' ``KVLayout`` enum that not every release with them declares."""
 
 
 @pytest.fixture(scope="module")
-def store_harness(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
-    """The harness built against the release's ``store.cuh``, and whether it has V4.1."""
+def store_harness(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, frozenset[str]]:
+    """The harness built against the release's ``store.cuh``, and the layouts it stores.
+
+    V4 and the fp8 indexer keys always; V4.1 layouts where ``store.cuh`` has the V4.1
+    store, each one the release's ``KVLayout`` enum declares.
+    """
     sglang_dir, tvm_include, nvcc = _sglang_dir(), _tvm_ffi_include(), shutil.which("nvcc")
     if sglang_dir is None or tvm_include is None or nvcc is None:
         pytest.skip("needs SGLang's sources, the tvm_ffi headers and nvcc")
@@ -150,19 +161,26 @@ def store_harness(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]
     jit = jit if jit.is_dir() else sglang_dir / "jit_kernel"
     sources = jit / "csrc" / "deepseek_v4"
     has_v41 = V41_STORE in (sources / "store.cuh").read_text()
+    layouts = {V4.name, DSV4_INDEXER_FP8.name}
+    flags = ["-DKVCOMPAT_NO_V41"]
+    if has_v41:
+        declared = declared_kv_layouts(jit)
+        layouts |= declared & set(STORE_LAYOUTS)
+        flags = [
+            f"-DKVCOMPAT_HAS_{name}" for name in OPTIONAL_V41_LAYOUTS if name.lower() in declared
+        ]
     major, minor = torch.cuda.get_device_capability()
     binary = tmp_path_factory.mktemp("harness") / "store_harness"
     command = [
         nvcc, "-std=c++20", "-O3", "--expt-relaxed-constexpr", f"-arch=sm_{major}{minor}",
-        f"-DSGL_CUDA_ARCH={major * 100 + minor * 10}",
-        *([] if has_v41 else ["-DKVCOMPAT_NO_V41"]),
+        f"-DSGL_CUDA_ARCH={major * 100 + minor * 10}", *flags,
         "-I", str(jit / "include"), "-I", str(sources),
         "-I", str(tvm_include), "-o", str(binary), str(HARNESS),
     ]  # fmt: skip
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     if built.returncode:
         pytest.fail(f"building the store harness failed:\n{built.stderr[-3000:]}")
-    return binary, has_v41
+    return binary, frozenset(layouts)
 
 
 def run_store(binary: Path, tmp: Path, name: str, page_bits: int, values: torch.Tensor,
@@ -184,12 +202,12 @@ def run_store(binary: Path, tmp: Path, name: str, page_bits: int, values: torch.
 @pytest.mark.parametrize("page_bits", [1, 2, 6])
 @pytest.mark.parametrize("name", sorted(STORE_LAYOUTS))
 def test_sglang_cuda_store_is_reproduced(
-    store_harness: tuple[Path, bool], tmp_path: Path, name: str, page_bits: int,
+    store_harness: tuple[Path, frozenset[str]], tmp_path: Path, name: str, page_bits: int,
     dtype: torch.dtype, non_finite: bool,
 ) -> None:  # fmt: skip
-    binary, has_v41 = store_harness
-    if name != V4.name and not has_v41:
-        raise ReleaseLacks(f"{V41_STORE} ({name})")
+    binary, layouts = store_harness
+    if name not in layouts:
+        raise ReleaseLacks(f"a CUDA store of {name}", f"{V41_STORE} and its KVLayout enum")
     spec, page_size = STORE_LAYOUTS[name], 1 << page_bits
     rows = max(2, 256 // page_size)
     n = min(rows * page_size, 160)
@@ -209,7 +227,10 @@ def test_sglang_cuda_store_is_reproduced(
 @pytest.mark.parametrize("non_finite", [False, True], ids=["finite", "non-finite"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_sglang_cuda_indexer_store_is_reproduced(
-    store_harness: tuple[Path, bool], tmp_path: Path, dtype: torch.dtype, non_finite: bool
+    store_harness: tuple[Path, frozenset[str]],
+    tmp_path: Path,
+    dtype: torch.dtype,
+    non_finite: bool,
 ) -> None:
     """``fused_store_indexer_cache`` (fp8 indexer keys, 132 B/token) at P = 64."""
     spec, page_bits = DSV4_INDEXER_FP8, 6
@@ -254,10 +275,11 @@ def test_sglang_triton_readers_are_reproduced(spec: LayoutSpec) -> None:
     if spec is V4:
         theirs = sglang_code(*places.V4_READER)(buf.cuda(), loc.cuda(), page_size)
     else:
+        reader = sglang_code(*places.V41_READER)
+        if spec.name not in {member.value for member in sglang_code(*places.KV_LAYOUT)}:
+            raise ReleaseLacks(f"KVLayout {spec.name!r}", "dequantize_k_cache_paged_v41")
         try:
-            theirs = sglang_code(*places.V41_READER)(
-                buf.cuda(), loc.cuda(), page_size, layout=spec.name
-            )
+            theirs = reader(buf.cuda(), loc.cuda(), page_size, layout=spec.name)
         except RuntimeError as exc:  # SGLang's own capability check (SM100+ or gfx950)
             if "requires" not in str(exc):
                 raise

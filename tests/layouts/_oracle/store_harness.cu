@@ -8,7 +8,10 @@
 // fused_store_flashmla_cache / fused_store_flashmla_cache_v41 / fused_store_indexer_cache
 // the way store.cuh's host code does (block 256 for V4, 512 / vec for V4.1, one warp per
 // token for the indexer), without PDL. Releases before 0.5.21 have no V4.1 stores: build
-// their store.cuh with -DKVCOMPAT_NO_V41 (the test does, when store.cuh lacks them).
+// their store.cuh with -DKVCOMPAT_NO_V41 (the test does, when store.cuh lacks them). The
+// V4.1 stores take the layouts of the release's KVLayout enum (kv_layout.cuh): 0.5.21 has
+// V41 and V41_FP4, 0.5.22 adds UNIFORM_FP8, 0.5.23 V41_NEW and V41_FP4_NEW; build with
+// -DKVCOMPAT_HAS_<MEMBER> for each of those three the enum declares (the test does).
 //
 // usage: store_harness <layout> <page_bits> <dtype bf16|fp32> <n> <input.bin> <loc.bin> <cache.bin>
 // cache.bin is read, written in place by the kernel, and written back.
@@ -74,9 +77,15 @@ void dispatch_layout(const std::string& layout, const void* in, void* cache, con
   else if (layout == "dsv4_indexer_fp8") launch_indexer<Float, kPageBits>(in, cache, idx, n);
 #ifndef KVCOMPAT_NO_V41
   else if (layout == "v41") launch_v41<Float, kPageBits, dv4::KVLayout::V41>(in, cache, idx, n);
-  else if (layout == "v41_new") launch_v41<Float, kPageBits, dv4::KVLayout::V41_NEW>(in, cache, idx, n);
   else if (layout == "v41_fp4") launch_v41<Float, kPageBits, dv4::KVLayout::V41_FP4>(in, cache, idx, n);
+#endif
+#ifdef KVCOMPAT_HAS_V41_NEW
+  else if (layout == "v41_new") launch_v41<Float, kPageBits, dv4::KVLayout::V41_NEW>(in, cache, idx, n);
+#endif
+#ifdef KVCOMPAT_HAS_V41_FP4_NEW
   else if (layout == "v41_fp4_new") launch_v41<Float, kPageBits, dv4::KVLayout::V41_FP4_NEW>(in, cache, idx, n);
+#endif
+#ifdef KVCOMPAT_HAS_UNIFORM_FP8
   else if (layout == "uniform_fp8") launch_v41<Float, kPageBits, dv4::KVLayout::UNIFORM_FP8>(in, cache, idx, n);
 #endif
   else { fprintf(stderr, "unknown layout %s\n", layout.c_str()); exit(2); }
