@@ -53,17 +53,10 @@ def release_key(release: str) -> tuple[int, ...]:
     return tuple(int(part) for part in numbers)
 
 
-RELEASES = tuple(
-    sorted(
-        (
-            *(f"0.5.{minor}" for minor in range(12, 24)),
-            "0.5.12.post1",
-            "0.5.13.post1",
-            "0.5.15.post1",
-        ),
-        key=release_key,
-    )
-)
+RELEASES = (
+    "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
+    "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)  # fmt: skip
 """Every release with DSv4 pools, 0.5.12 (the first) to 0.5.23 (the test venv's own), and the
 three patch builds among them (0.5.12.post1, 0.5.13.post1, 0.5.15.post1), oldest first."""
 BASE = "0.5.23"

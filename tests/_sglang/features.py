@@ -41,6 +41,7 @@ __all__ = [
     "declared_kv_layouts",
     "fp4_indexer_store",
     "has_class",
+    "jit_dir",
     "pool_class",
     "release",
     "require",
@@ -285,12 +286,18 @@ def torch_native_sliding_window() -> bool:
     return "sliding_window_size" in inspect.signature(helper).parameters
 
 
+def jit_dir(sglang_dir: Path) -> Path:
+    """A release's CUDA JIT kernel folder: ``sglang/kernels/jit`` from 0.5.17,
+    ``sglang/jit_kernel`` up to 0.5.16."""
+    jit = sglang_dir / "kernels" / "jit"
+    return jit if jit.is_dir() else sglang_dir / "jit_kernel"
+
+
 def declared_kv_layouts(jit: Path) -> frozenset[str]:
     """The members of the release's C++ ``KVLayout`` enum (``kv_layout.cuh``), lower case.
 
-    ``jit`` is the release's JIT kernel folder (``sglang/kernels/jit``; ``sglang/jit_kernel``
-    in 0.5.12): the CUDA stores take these layouts, as its V4.1 reader takes the members of
-    the Python enum (``places.KV_LAYOUT``).
+    ``jit`` is the release's JIT kernel folder (:func:`jit_dir`): the CUDA stores take these
+    layouts, as its V4.1 reader takes the members of the Python enum (``places.KV_LAYOUT``).
 
     0.5.21 declares V4, V41 and V41_FP4; 0.5.22 adds UNIFORM_FP8, 0.5.23 V41_NEW and
     V41_FP4_NEW. Empty for a release without the header (before 0.5.21).

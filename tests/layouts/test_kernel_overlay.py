@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from _sglang import places
 from _sglang.env import install_torchvision_stub
-from _sglang.features import ReleaseLacks, declared_kv_layouts, sglang_code
+from _sglang.features import ReleaseLacks, declared_kv_layouts, jit_dir, sglang_code
 
 pytestmark = [pytest.mark.sglang, pytest.mark.interpret]
 
@@ -46,11 +46,16 @@ def _resolve(pythonpath: list[Path], tmp: Path, *flags: str) -> dict[str, str]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def test_the_kernel_tree_resolves_every_place_as_the_release_does(tmp_path: Path) -> None:
-    spec = importlib.util.find_spec("sglang")  # the release first on sys.path, not imported
+def _installed_sglang() -> Path:
+    """The ``sglang`` package first on ``sys.path`` (the release under test), not imported."""
+    spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("sglang is not installed")
-    source = Path(next(iter(spec.submodule_search_locations)))
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def test_the_kernel_tree_resolves_every_place_as_the_release_does(tmp_path: Path) -> None:
+    source = _installed_sglang()
     sys.path.insert(0, str(ORACLE))
     try:
         import _sglang_kernel_overlay as overlay
@@ -70,16 +75,7 @@ def test_the_cuda_stores_and_the_v41_reader_take_the_same_layouts() -> None:
     """The GPU tier builds SGLang's CUDA stores for the layouts of the C++ ``KVLayout`` enum
     and asks its V4.1 reader for those of the Python one: per release, the two must agree
     (0.5.21 V4, V41, V41_FP4; 0.5.22 adds UNIFORM_FP8; 0.5.23 V41_NEW, V41_FP4_NEW)."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("sglang is not installed")
-    source = Path(next(iter(spec.submodule_search_locations)))
-    jit = (
-        source / "kernels" / "jit"
-        if (source / "kernels" / "jit").is_dir()
-        else source / "jit_kernel"
-    )
-    declared = declared_kv_layouts(jit)
+    declared = declared_kv_layouts(jit_dir(_installed_sglang()))
     install_torchvision_stub()  # the Python enum's package imports sglang.srt.utils
     try:
         python = {member.value for member in sglang_code(*places.KV_LAYOUT)}

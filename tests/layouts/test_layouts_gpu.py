@@ -28,6 +28,7 @@ from _sglang.features import (
     ReleaseLacks,
     declared_kv_layouts,
     fp4_indexer_store,
+    jit_dir,
     sglang_code,
 )
 
@@ -157,8 +158,7 @@ def store_harness(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, froze
     sglang_dir, tvm_include, nvcc = _sglang_dir(), _tvm_ffi_include(), shutil.which("nvcc")
     if sglang_dir is None or tvm_include is None or nvcc is None:
         pytest.skip("needs SGLang's sources, the tvm_ffi headers and nvcc")
-    jit = sglang_dir / "kernels" / "jit"  # 0.5.13 on; 0.5.12 keeps it in sglang/jit_kernel
-    jit = jit if jit.is_dir() else sglang_dir / "jit_kernel"
+    jit = jit_dir(sglang_dir)
     sources = jit / "csrc" / "deepseek_v4"
     has_v41 = V41_STORE in (sources / "store.cuh").read_text()
     layouts = {V4.name, DSV4_INDEXER_FP8.name}
