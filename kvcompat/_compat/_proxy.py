@@ -11,6 +11,7 @@ and native helpers that call them on ``self`` (``get_kv_buffer_shape()``...) get
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import types
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kvcompat._compat._locs import LocSpace, loc_space
 from kvcompat._compat._marker import PROXY_MARKER
 from kvcompat._compat._view import LogicalView, plan_views
 from kvcompat._errors import UnsupportedPoolError, WriteError
@@ -30,18 +32,20 @@ _KV_CANARY = "sglang.srt.kv_canary.pool_patcher.api"
 
 
 class _Layer:
-    """A layer's cached answer: the storage it was built for, and views (None: native)."""
+    """A layer's cached answer: its storage, location space, and views (None: native)."""
 
-    __slots__ = ("key", "pair", "storage", "value")
+    __slots__ = ("key", "pair", "space", "storage", "value")
 
     def __init__(
         self,
         storage: torch.Tensor,
+        space: LocSpace,
         key: LogicalView | None,
         value: LogicalView | None,
         pair: KVPair | None,
     ) -> None:
         self.storage = storage
+        self.space = space
         self.key = key
         self.value = value
         self.pair = pair
@@ -99,24 +103,27 @@ class CompatPool:
 
     def _kvcompat_layer(self, layer_id: int, storage: torch.Tensor) -> _Layer:
         layer = self._kvcompat_layers.get(layer_id)
-        if layer is not None and layer.storage is storage:
+        if layer is not None and layer.storage is storage and layer.space.is_current():
             return layer
         adapter = self._kvcompat_adapter
         plan = plan_views(adapter, layer_id, storage)
+        rows = int(storage.shape[0]) if plan is None else plan.rows
+        space = loc_space(adapter, layer_id, rows, views=plan is not None)
         if plan is None:
-            layer = _Layer(storage, None, None, None)
+            layer = _Layer(storage, space, None, None, None)
         else:
-            key = LogicalView(adapter, layer_id, "key", plan, storage)
+            plan = dataclasses.replace(plan, rows=space.rows)
+            key = LogicalView(adapter, layer_id, "key", plan, storage, space)
             value = pair = None
             if plan.value_dim is not None:
                 value = (
                     key
                     if plan.value_cols is None
-                    else LogicalView(adapter, layer_id, "value", plan, storage)
+                    else LogicalView(adapter, layer_id, "value", plan, storage, space)
                 )
                 part = adapter.component_for(layer_id)
                 pair = KVPair(key, value, shared=True, component=part)
-            layer = _Layer(storage, key, value, pair)
+            layer = _Layer(storage, space, key, value, pair)
         self._kvcompat_layers[layer_id] = layer
         return layer
 
@@ -176,16 +183,23 @@ class CompatPool:
         k_scale: float | None = None,
         v_scale: float | None = None,
         layer_id_override: int | None = None,
+        swa_loc: torch.Tensor | None = None,
         **_: Any,
     ) -> None:
         """Store ``cache_k`` (and ``cache_v``) at ``loc`` through kvcompat's quantizing write.
 
-        ``loc`` is a tensor or SGLang's ``KVWriteLoc``. On a composite's sliding-window
-        layers the write goes to ``loc.swa_loc``; without one, the full-pool ``loc`` is
-        translated with the pool's own ``translate_loc_from_full_to_swa`` (as SGLang's
-        backends do) when a mapping is registered, and refused otherwise. Scales divide
-        copies of the inputs; on pools whose value lives inside the key row (latent,
-        single-KV) ``cache_v`` is ignored, as SGLang's MLA pool ignores it.
+        ``loc`` is a tensor or SGLang's ``KVWriteLoc``, and means the same token it means
+        in this proxy's gathers (see ``docs/port-backend.md``, "One location space"): on a
+        composite's sliding-window layers with logical views (every layer of
+        ``DeepSeekV4TokenToKVPool``) a plain full-pool ``loc`` is translated with the pool's
+        own ``translate_loc_from_full_to_swa``, as the views' gathers are; a ``swa_loc``
+        (``KVWriteLoc.swa_loc``, or 0.5.13's keyword) is the caller's own translation and
+        is used as given. Where the getters are native tensors indexed by SWA slot
+        (``SWAKVPool``), a plain ``loc`` is refused unless SWA slots are full-pool slots
+        (``swa_uses_full_indices``). On ``HiSparseC4DevicePool`` ``loc`` is a compressed
+        location, translated to its device slot. Scales divide copies of the inputs; on
+        pools whose value lives inside the key row (latent, single-KV) ``cache_v`` is
+        ignored, as SGLang's MLA pool ignores it.
 
         Example:
             >>> import torch, kvcompat
@@ -208,7 +222,9 @@ class CompatPool:
                 f"{type(layer).__name__}.\nHint: pass the RadixAttention layer, as SGLang does."
             )
             raise WriteError(msg)
-        token_loc = _device_loc(adapter, layer_id, _token_loc(adapter, layer_id, loc))
+        storage = adapter.get_key_buffer(layer_id, wait=False)
+        space = self._kvcompat_layer(layer_id, storage).space
+        token_loc = space.write_loc(loc, swa_loc, layer_id)
         key = cache_k if k_scale in (None, 1.0) else cache_k / k_scale
         value = None
         if _routes_to(adapter, layer_id, PoolKind.SPLIT):
@@ -224,63 +240,6 @@ def _routes_to(adapter: KVPoolProtocol, layer_id: int, kind: PoolKind) -> bool:
         return adapter.kind is kind
     part = adapter.component_for(layer_id)
     return part is not None and adapter.components[part].kind is kind
-
-
-def _token_loc(adapter: KVPoolProtocol, layer_id: int, loc: Any) -> Any:
-    """The locations to write for ``layer_id``: a bare ``loc``, or the right ``KVWriteLoc`` field.
-
-    A composite's sliding-window layer takes ``swa_loc``; without one, the full-pool ``loc``
-    is translated by the pool's own ``translate_loc_from_full_to_swa`` when the pool has a
-    registered mapping (what SGLang's backends compute, and what its older pools did
-    inside ``set_kv_buffer``), and refused otherwise -- never written untranslated.
-    """
-    full = loc if isinstance(loc, torch.Tensor) else getattr(loc, "loc", loc)
-    if adapter.kind is not PoolKind.COMPOSITE:
-        return full
-    part = adapter.component_for(layer_id)
-    if part != "swa":
-        full_loc = getattr(loc, "full_loc", None)
-        return full if full_loc is None else full_loc
-    swa_loc = getattr(loc, "swa_loc", None)
-    if swa_loc is not None:
-        return swa_loc
-    native = adapter.native
-    if getattr(native, "full_to_swa_index_mapping", None) is not None and hasattr(
-        native, "translate_loc_from_full_to_swa"
-    ):
-        return native.translate_loc_from_full_to_swa(full)
-    msg = (
-        f"layer {layer_id} of {adapter.name} lives in the sliding-window sub-pool, whose slots "
-        "are not full-pool locations; the write location carries no swa_loc and the pool has "
-        "no full->SWA mapping registered, so it cannot be translated.\n"
-        "Hint: pass KVWriteLoc(loc, swa_loc=pool.translate_loc_from_full_to_swa(loc)) as "
-        "SGLang's attention backends do, or register the allocator's mapping first "
-        "(pool.register_mapping(...))."
-    )
-    raise WriteError(msg)
-
-
-def _device_loc(adapter: KVPoolProtocol, layer_id: int, loc: Any) -> Any:
-    """HiSparse pools: compressed locations -> device slots, as their native writers translate.
-
-    Their buffers (and the views' gathers) are indexed by HiSparse device slot, while their
-    native writers (``set_key_buffer*``) take compressed locations and translate them with
-    the registered mapping; ``set_kv_buffer`` does the same, and refuses without a mapping.
-    """
-    part = adapter.component_for(layer_id) if adapter.kind is PoolKind.COMPOSITE else None
-    native = (adapter if part is None else adapter.components[part]).native
-    if not hasattr(type(native), "translate_loc_to_hisparse_device"):
-        return loc
-    if getattr(native, "full_to_hisparse_device_index_mapping", None) is None:
-        msg = (
-            f"{type(native).__qualname__} stores layer {layer_id} by HiSparse device slot; "
-            "set_kv_buffer takes compressed locations, as its native writers do, but no "
-            "compressed->device mapping is registered, so they cannot be translated.\n"
-            "Hint: register the mapping first (pool.register_mapping(...)), or write device "
-            "slots directly with the key-first API: pool.kvcompat.write(layer_id, slots, k)."
-        )
-        raise WriteError(msg)
-    return native.translate_loc_to_hisparse_device(loc).long()
 
 
 _types_lock = threading.Lock()

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvcompat._errors import KVCompatError, LayoutError
+from kvcompat._compat._locs import LocSpace
+from kvcompat._errors import KVCompatError, LayoutError, WriteError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat.layouts._plain import PLAIN_CODEC
 
@@ -204,6 +205,7 @@ class LogicalView(torch.Tensor):
     _kv_role: str
     _kv_plan: ViewPlan
     _kv_storage: torch.Tensor
+    _kv_space: LocSpace
     __torch_function_priority__: ClassVar[float] = 100.0
 
     @staticmethod
@@ -214,6 +216,7 @@ class LogicalView(torch.Tensor):
         role: str,
         plan: ViewPlan,
         storage: torch.Tensor,
+        space: LocSpace | None = None,
     ) -> LogicalView:
         dim = plan.key_dim if role == "key" else plan.value_dim
         assert dim is not None
@@ -226,6 +229,7 @@ class LogicalView(torch.Tensor):
         view._kv_role = role
         view._kv_plan = plan
         view._kv_storage = storage
+        view._kv_space = LocSpace(plan.rows, describe="token slots") if space is None else space
         return view
 
     # -- explicit escapes ---------------------------------------------------------
@@ -344,7 +348,9 @@ class LogicalView(torch.Tensor):
         dim = plan.key_dim if self._kv_role == "key" else plan.value_dim
         if loc.numel() == 0:
             return torch.empty((0, plan.heads, dim or 0), dtype=plan.dtype, device=loc.device)
-        dense = self._kv_adapter.read(self._kv_layer, loc, wait=False)
+        what = f"a gather from layer {self._kv_layer}'s {self._kv_role}s ({self._kv_adapter.name})"
+        rows = self._kv_space.storage_loc(loc, what=what, error=IndexError)
+        dense = self._kv_adapter.read(self._kv_layer, rows, wait=False)
         if self._kv_role == "value" and plan.value_cols is not None:
             dense = dense[..., : plan.value_dim]
         return dense
@@ -434,4 +440,6 @@ def _store(view: Any, index: Any, value: Any) -> None:
         raise value._refuse(op)
     n = int(loc.shape[0])
     rows = value.reshape(n, -1) if value.numel() and value.shape[: len(lead)] == lead else value
-    view._kv_adapter.write(view._kv_layer, loc, rows)
+    what = f"view[loc] = x on layer {view._kv_layer}'s {view._kv_role}s ({view._kv_adapter.name})"
+    slots = view._kv_space.storage_loc(loc, what=what, error=WriteError)
+    view._kv_adapter.write(view._kv_layer, slots, rows)

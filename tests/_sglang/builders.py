@@ -39,6 +39,7 @@ __all__ = [
     "STAGE_END",
     "EndLayer",
     "ReleaseLacks",
+    "allocator_mapping",
     "build_dsa_pool",
     "build_dsv4_indexer_pool",
     "build_dsv4_single_pool",
@@ -54,6 +55,7 @@ __all__ = [
     "build_swa_pool",
     "end_layer_kwargs",
     "radix_layer",
+    "register_allocator_mapping",
 ]
 
 
@@ -528,3 +530,45 @@ OFFSET_KEY_BUILDERS: Final = tuple(
 )
 """Those whose ``get_key_buffer`` subtracts ``start_layer`` (the uniform-fp8 and indexer
 pools index their key buffers by raw id: trap 3)."""
+
+
+def allocator_mapping(full_rows: int, slot_rows: int, *, seed: int) -> tuple[Any, Any]:
+    """A full->slot mapping shaped like SGLang's allocators make it, and the locations it maps.
+
+    SGLang's SWA and HiSparse allocators start from zeros of ``full_rows`` entries plus a
+    trailing ``-1`` sentinel, and hand each allocated full location a slot of the smaller
+    pool, in whatever order pages come back (slot 0 is the padding slot, never handed out).
+    This maps a random ``3/4`` of the slots to a random subset of full locations (never 0),
+    so the mapping is neither the identity nor a permutation: most locations have no slot.
+    Returns ``(mapping, allocated)``: the int64 mapping and the mapped full locations.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    slots = (torch.randperm(slot_rows - 1, generator=gen) + 1)[: max(1, 3 * (slot_rows - 1) // 4)]
+    allocated = (torch.randperm(full_rows - 1, generator=gen) + 1)[: slots.numel()]
+    mapping = torch.zeros(full_rows + 1, dtype=torch.int64)
+    mapping[allocated] = slots
+    mapping[-1] = -1
+    return mapping, allocated
+
+
+def register_allocator_mapping(native: Any, *, seed: int = 0) -> Any:
+    """Register an allocator-shaped mapping on ``native``; returns the mapped locations.
+
+    The sliding-window composites (``SWAKVPool``, ``DeepSeekV4TokenToKVPool``) map full-pool
+    locations (``size + page_size`` of them) to SWA slots; ``HiSparseC4DevicePool`` maps
+    compressed locations (twice its device rows here, as HiSparse keeps fewer on the device)
+    to device slots. Returns None for pools without a mapping.
+    """
+    if not hasattr(native, "register_mapping"):
+        return None
+    swa = getattr(native, "swa_kv_pool", None)
+    if swa is not None:
+        buffer = swa.k_buffer[0] if hasattr(swa, "k_buffer") else swa.kv_buffer[0]
+        slot_rows = int(buffer.shape[0]) * (int(swa.page_size) if buffer.dim() == 2 else 1)
+        full_rows = int(native.size) + int(native.page_size)
+    else:  # HiSparse: device rows are pages x page_size
+        slot_rows = int(native.kv_buffer[0].shape[0]) * int(native.page_size)
+        full_rows = 2 * slot_rows
+    mapping, allocated = allocator_mapping(full_rows, slot_rows, seed=seed)
+    native.register_mapping(mapping)
+    return allocated

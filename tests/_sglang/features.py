@@ -272,6 +272,18 @@ def kv_write_loc() -> Any:
 
 
 @functools.cache
+def swa_writes_take_swa_loc() -> bool:
+    """Whether ``SWAKVPool.set_kv_buffer`` takes the caller's SWA location.
+
+    0.5.13 takes a ``swa_loc=`` keyword and 0.5.14 on a ``KVWriteLoc`` (``loc_info``), so
+    SGLang's backends hand it the translated slots; 0.5.12 takes a plain ``loc`` and
+    translates it inside the pool. Asked of the method's signature.
+    """
+    params = inspect.signature(pool_class("SWAKVPool").set_kv_buffer).parameters
+    return "swa_loc" in params or "loc_info" in params
+
+
+@functools.cache
 def torch_native_sliding_window() -> bool:
     """Whether SGLang's ``TorchNativeAttnBackend`` applies a layer's sliding window.
 

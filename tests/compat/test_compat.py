@@ -246,7 +246,7 @@ def test_state_is_shared_with_the_native_pool_which_is_never_modified() -> None:
         _ = pool.no_such_attribute
 
 
-def test_composite_routes_kv_write_loc_and_translates_a_plain_loc() -> None:
+def test_composite_routes_kv_write_loc_and_refuses_a_plain_loc_on_swa_layers() -> None:
     native = reference_swa_pool()
     assert isinstance(kvcompat.compat(native), ReferenceSWAKVPool)
     pool = kvcompat.compat(native)

@@ -44,7 +44,7 @@ import pytest
 import torch
 from _sglang import builders as b
 from _sglang.env import prepare_sglang
-from _sglang.features import torch_native_sliding_window
+from _sglang.features import swa_writes_take_swa_loc, torch_native_sliding_window
 
 import kvcompat
 
@@ -82,10 +82,15 @@ class Scenario:
     slots: list[torch.Tensor] = field(default_factory=list)
 
 
-def _slots(total: int, capacity: int, seed: int) -> list[torch.Tensor]:
-    """Each request's token slots: a shuffled set of distinct slots in [1, capacity)."""
+def _slots(
+    total: int, capacity: int, seed: int, allocated: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """Each request's token slots: a shuffled set of distinct slots in [1, capacity), or of
+    ``allocated`` (the full-pool locations an allocator-shaped mapping gave a slot)."""
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(capacity - 1, generator=gen)[:total] + 1
+    if allocated is not None:
+        perm = allocated[torch.randperm(allocated.numel(), generator=gen)[:total]]
     out, start = [], 0
     for prefill, extend in REQUESTS:
         n = prefill + extend + 1
@@ -229,9 +234,11 @@ def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _identity_mapping(pool: Any, n: int) -> None:
+    """SGLang's configurator's identity mode: SWA slots are full-pool slots."""
     mapping = torch.arange(n + 1, dtype=torch.int64)
     mapping[-1] = -1
     pool.register_mapping(mapping)
+    pool.swa_uses_full_indices = True
 
 
 # -- MHA: bit-identical to native -----------------------------------------------------------
@@ -247,21 +254,37 @@ def test_mha_pool_through_compat_is_bit_identical_to_native() -> None:
         assert rel_l2(through[layer], dense_reference(sc, layer)) < 2**-7
 
 
-@pytest.mark.parametrize("mapping", ["identity", "scrambled"])
+@pytest.mark.parametrize("mapping", ["identity", "allocator"])
 def test_swa_of_mha_through_compat_is_bit_identical_to_native(mapping: str) -> None:
     sc = Scenario(kv_heads=2, head_dim=8, windows={0: 2, 1: -1, 2: 4, 3: -1}, seed=2)
-    sc.slots = _slots(sum(p + e + 1 for p, e in REQUESTS), 48, seed=2)
+    total = sum(p + e + 1 for p, e in REQUESTS)
     pools = [b.build_swa_pool(), b.build_swa_pool()]
-    for pool in pools:
-        if mapping == "identity":
+    if mapping == "identity":
+        for pool in pools:
             _identity_mapping(pool, 64 + 16)
-        else:  # a real allocator's shape: full slot -> some other SWA slot
-            scrambled = torch.full((64 + 16 + 1,), -1, dtype=torch.int64)
-            scrambled[:48] = torch.randperm(48, generator=torch.Generator().manual_seed(5))
-            pool.register_mapping(scrambled)
+        sc.slots = _slots(total, 48, seed=2)
+    else:  # a real allocator's shape: some full slots -> other SWA slots, the rest -> none
+        # (full slots below the SWA pool's 48 rows: SGLang's backend reads SWA layers at
+        # full-pool locations, which crashes natively past row 47)
+        mapping, allocated = b.allocator_mapping(48, 48, seed=5)
+        unmapped = torch.zeros(64 + 16 - 48, dtype=torch.int64)
+        mapping = torch.cat([mapping[:-1], unmapped, mapping[-1:]])
+        for pool in pools:
+            pool.register_mapping(mapping)
+        sc.slots = _slots(total, 48, seed=2, allocated=allocated)
     native = run_backend(pools[0], sc)
     proxy = kvcompat.compat(pools[1])
     assert isinstance(proxy, type(pools[1]))  # so the backend takes its sliding-window path
+    if mapping == "allocator" and not swa_writes_take_swa_loc():
+        # 0.5.12's backend hands a plain full-pool loc, which its pool translates; the
+        # proxy's getters are the native tensors, indexed by SWA slot, so that loc cannot
+        # mean one token in the write and in the backend's reads: refused, nothing written.
+        before = _all_tensors(pools[1])
+        before = [t.clone() for t in before]
+        with pytest.raises(kvcompat.WriteError, match="indexed by SWA slot"):
+            run_backend(proxy, sc)
+        assert all(torch.equal(x, y) for x, y in zip(before, _all_tensors(pools[1]), strict=True))
+        return
     through = run_backend(proxy, sc)
     for layer in sc.windows:
         assert torch.equal(native[layer], through[layer]), layer
@@ -319,9 +342,10 @@ def test_dsv4_token_pool_sliding_window_layers_run_through_compat() -> None:
     # Every layer of the composite keeps its sliding window in the SWA sub-pool; the c4/c128
     # caches are the compressed extra keys, which TorchNativeAttnBackend knows nothing of.
     sc = Scenario(kv_heads=1, head_dim=512, windows={0: 3, 1: 5, 2: -1}, shared_kv=True, seed=4)
-    sc.slots = _slots(sum(p + e + 1 for p, e in REQUESTS), 256, seed=4)
-    proxy = kvcompat.compat(b.build_dsv4_token_pool())
-    _identity_mapping(proxy, 512)
+    native = b.build_dsv4_token_pool()
+    allocated = b.register_allocator_mapping(native, seed=4)  # neither identity nor a permutation
+    sc.slots = _slots(sum(p + e + 1 for p, e in REQUESTS), 256, seed=4, allocated=allocated)
+    proxy = kvcompat.compat(native)
     errors = _check_v4(proxy, sc, run_backend(proxy, sc))
     assert min(errors) > 2**-8
 

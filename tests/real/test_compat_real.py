@@ -3,6 +3,7 @@ writers' bytes, KVWriteLoc routing, and a proxy every kvcompat entry point sees 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any
 
@@ -13,6 +14,8 @@ from _sglang.builders import radix_layer
 from _sglang.cases import CONFORMANCE_CASES, PoolCase
 from _sglang.env import prepare_sglang
 from _sglang.features import kv_write_loc, require
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvcompat
 from kvcompat.compat import CompatViewError, LogicalView
@@ -50,21 +53,45 @@ def test_swa_pool_with_sglangs_own_kv_write_loc() -> None:
     _assert_same_swa_bytes(ours, theirs)
 
 
-def test_swa_pool_plain_loc_is_translated_as_sglangs_backends_do() -> None:
+def test_swa_pool_refuses_a_plain_loc_its_native_tensors_cannot_mean() -> None:
+    # SWAKVPool's getters are its native tensors, indexed by SWA slot, so a backend's later
+    # k_buffer[loc] reads SWA slot loc: a plain full-pool loc written translated would be read
+    # back from another slot. Refused on SWA layers (nothing written), fine on full layers.
     ours, theirs = b.build_swa_pool(), b.build_swa_pool()
-    mapping = torch.full((64 + 16 + 1,), -1, dtype=torch.int64)
-    mapping[:48] = torch.randperm(48, generator=torch.Generator().manual_seed(0))
-    for pool in (ours, theirs):
-        pool.register_mapping(mapping)
+    allocated = b.register_allocator_mapping(ours, seed=0)
+    theirs.register_mapping(ours.full_to_swa_index_mapping)
     k = torch.randn(2, 2, 8).to(torch.bfloat16)
     v = torch.randn(2, 2, 8).to(torch.bfloat16)
-    full = torch.tensor([10, 40])
+    full = allocated[:2]
     swa = theirs.translate_loc_from_full_to_swa(full)
+    assert not torch.equal(swa, full)
+    pool = kvcompat.compat(ours)
+    for plain in (full, _write_loc(loc=full)):
+        with pytest.raises(kvcompat.WriteError, match=r"indexed by SWA slot[\s\S]*KVWriteLoc"):
+            pool.set_kv_buffer(radix_layer(0), plain, k, v)
+    _assert_same_swa_bytes(ours, theirs)  # nothing written
     for layer_id in (0, 1, 2):
         theirs.set_kv_buffer(radix_layer(layer_id), _write_loc(loc=full, swa_loc=swa), k, v)
-        kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), full, k, v)
-        kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), _write_loc(loc=full), k, v)
+        pool.set_kv_buffer(radix_layer(layer_id), _write_loc(loc=full, swa_loc=swa), k, v)
     _assert_same_swa_bytes(ours, theirs)
+    assert torch.equal(pool.get_key_buffer(0)[swa], k)  # the slots SGLang's backends index
+
+
+def test_swa_pool_takes_0513s_swa_loc_keyword_and_full_indices_plain_locs() -> None:
+    ours, theirs = b.build_swa_pool(), b.build_swa_pool()
+    k = torch.randn(2, 2, 8).to(torch.bfloat16)
+    full, swa = torch.tensor([10, 40]), torch.tensor([3, 7])
+    kvcompat.compat(ours).set_kv_buffer(radix_layer(0), full, k, k, swa_loc=swa)  # 0.5.13's form
+    theirs.swa_kv_pool.set_kv_buffer(None, swa, k, k, layer_id_override=0)
+    _assert_same_swa_bytes(ours, theirs)
+    # SGLang's configurator's identity mode: SWA slots are full-pool slots.
+    identity = torch.arange(64 + 16 + 1)
+    identity[-1] = -1
+    ours.register_mapping(identity)
+    ours.swa_uses_full_indices = True
+    pool = kvcompat.compat(ours)
+    pool.set_kv_buffer(radix_layer(2), full[:1], k[:1], k[:1])
+    assert torch.equal(pool.get_key_buffer(2)[full[:1]], k[:1])
 
 
 def _assert_same_swa_bytes(ours: Any, theirs: Any) -> None:
@@ -103,20 +130,36 @@ def test_dsv4_pools_run_an_unported_backend(build: Any) -> None:
     assert k.shape[1:] == (1, 512)
     assert pool.get_value_buffer(layer_id).shape[-1] == 512
     keys = torch.randn(2, 1, 512).to(torch.bfloat16)
-    loc: object = torch.tensor([5, 6])
-    if kvcompat.is_composite_pool(native):
-        loc = _write_loc(loc=torch.tensor([99, 98]), swa_loc=loc)
-    if build is b.build_hisparse_c4_pool:  # compressed loc 2, 3 -> device slots 5, 6
-        with pytest.raises(kvcompat.WriteError, match="no compressed->device mapping"):
-            pool.set_kv_buffer(radix_layer(layer_id), torch.tensor([2, 3]), keys, None)
-        native.register_mapping(torch.tensor([0, 9, 5, 6, 7]))
-        loc = torch.tensor([2, 3])
+    loc = torch.tensor([5, 6])
+    if build is not b.build_dsv4_single_pool:  # a mapped pool: nothing works without its mapping
+        before = [t.clone() for t in _storages(native)]
+        with pytest.raises(kvcompat.WriteError, match=r"no .* mapping"):
+            pool.set_kv_buffer(radix_layer(layer_id), loc, keys, None)
+        with pytest.raises(IndexError, match=r"no .* mapping"):
+            _ = k[loc]
+        assert all(torch.equal(x, y) for x, y in zip(before, _storages(native), strict=True))
+        loc = b.register_allocator_mapping(native, seed=layer_id)[:2]
+        k, _ = pool.get_kv_buffer(layer_id)  # the views address the registered mapping's space
     pool.set_kv_buffer(radix_layer(layer_id), loc, keys, None)
-    back = k[torch.tensor([5, 6])]
-    assert torch.equal(back, pool.kvcompat.read(layer_id, torch.tensor([5, 6])))
+    back = k[loc]
+    assert torch.equal(back, pool.kvcompat.read(layer_id, _slots(native, loc)))
     assert (back.float() - keys.float()).abs().max() <= keys.float().abs().max() / 16
     with pytest.raises(CompatViewError, match=r"Tensor\.view\(\)"):
         k.view(k.shape[0], -1)  # what SGLang's fused-write helpers do with the buffer
+
+
+def _storages(native: Any) -> list[torch.Tensor]:
+    swa = getattr(native, "swa_kv_pool", None)
+    return list((native if swa is None else swa).kv_buffer)
+
+
+def _slots(native: Any, loc: torch.Tensor) -> torch.Tensor:
+    """Where a compat location's row lives: the pool's own translation, where it has one."""
+    if getattr(native, "full_to_swa_index_mapping", None) is not None:
+        return native.translate_loc_from_full_to_swa(loc)
+    if getattr(native, "full_to_hisparse_device_index_mapping", None) is not None:
+        return native.translate_loc_to_hisparse_device(loc).long()
+    return loc
 
 
 @pytest.mark.parametrize("case", _CASES)
@@ -135,10 +178,12 @@ def test_getters_are_native_tensors_or_logical_views(case: PoolCase) -> None:
                 assert pool.get_value_buffer(layer_id) is adapter.get_value_buffer(layer_id)
             continue
         assert key.storage_tensor is storage, case.id
-        loc = torch.tensor([3, 4, 1])
+        allocated = b.register_allocator_mapping(native, seed=layer_id)
+        loc = torch.tensor([3, 4, 1]) if allocated is None else allocated[[3, 4, 1]]
+        key = pool.get_key_buffer(layer_id)  # rebuilt for the mapping's location space
         values = torch.randn(3, *key.shape[1:]).to(torch.bfloat16)
-        adapter.write(layer_id, loc, values)
-        assert torch.equal(key[loc], adapter.read(layer_id, loc)), case.id
+        adapter.write(layer_id, _slots(native, loc), values)
+        assert torch.equal(key[loc], adapter.read(layer_id, _slots(native, loc))), case.id
 
 
 @pytest.mark.parametrize("case", _CASES)
@@ -246,3 +291,51 @@ def test_sglangs_fused_write_helper_through_the_proxy(monkeypatch: pytest.Monkey
         CompatViewError, match=r"Tensor\.view\(\)"
     ):  # was: token-row args over pages
         model_utils.create_fused_set_kv_buffer_arg(value, layer, batch)
+
+
+@functools.cache
+def _mapped_pool(kind: str) -> Any:
+    return b.build_dsv4_token_pool() if kind == "dsv4_token" else b.build_hisparse_c4_pool()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    kind=st.sampled_from(["dsv4_token", "hisparse"]),
+    seed=st.integers(0, 2**16),
+    pick=st.integers(0, 2**16),
+    n=st.integers(1, 6),
+    via=st.sampled_from(["set_kv_buffer", "view[loc] = x"]),
+)
+def test_a_compat_write_then_a_compat_gather_returns_what_was_written(
+    kind: str, seed: int, pick: int, n: int, via: str
+) -> None:
+    # Any allocator-shaped mapping, any allocated locations, any layer (on the composite:
+    # ratio 0, c4 and c128 layers): the gather at loc returns the row written at loc, and
+    # no other byte of the pool changes.
+    native = _mapped_pool(kind)
+    allocated = b.register_allocator_mapping(native, seed=seed)
+    pool = kvcompat.compat(native)
+    layer_id = pool.kvcompat.layer_ids[pick % len(pool.kvcompat.layer_ids)]
+    gen = torch.Generator().manual_seed(pick)
+    loc = allocated[torch.randperm(allocated.numel(), generator=gen)[:n]]
+    keys = torch.randn(loc.numel(), 1, 512, generator=gen).to(torch.bfloat16)
+    before = [t.clone() for t in _storages(native)]
+    if via == "set_kv_buffer":
+        pool.set_kv_buffer(radix_layer(layer_id), loc, keys, None)
+    else:
+        pool.get_key_buffer(layer_id)[loc] = keys
+    back = pool.get_key_buffer(layer_id)[loc]
+    assert (back.float() - keys.float()).abs().max() <= keys.float().abs().max() / 16
+    slots = _slots(native, loc)
+    assert torch.equal(back, pool.kvcompat.read(layer_id, slots))
+    changed = _changed_rows(before, _storages(native), layer_id - pool.kvcompat.layer_ids[0])
+    assert changed <= {int(s) // native.page_size for s in slots}  # only the written pages
+
+
+def _changed_rows(before: list[torch.Tensor], after: list[torch.Tensor], index: int) -> set[int]:
+    """Pages that differ, asserting every other layer's storage is untouched."""
+    for i, (x, y) in enumerate(zip(before, after, strict=True)):
+        if i != index:
+            assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), i
+    x, y = before[index].view(torch.uint8), after[index].view(torch.uint8)
+    return {int(p) for p in (x != y).reshape(x.shape[0], -1).any(1).nonzero().flatten()}
