@@ -158,15 +158,18 @@ def _inputs(sc: Scenario, layer_id: int) -> list[tuple[torch.Tensor, torch.Tenso
     return out
 
 
-def run_backend(pool: Any, sc: Scenario) -> dict[int, torch.Tensor]:
-    """Prefill, extend over the cached prefix, decode; every layer's outputs, in token order."""
+def run_backend(pool: Any, sc: Scenario, backend_class: Any = None) -> dict[int, torch.Tensor]:
+    """Prefill, extend over the cached prefix, decode; every layer's outputs, in token order.
+
+    ``backend_class``: SGLang's backend class to run (default ``TorchNativeAttnBackend``).
+    """
     m = _modules()
     capacity = max(int(s.max()) for s in sc.slots) + 1
     req_pool = m.req_pool(len(REQUESTS), capacity, DEVICE, False)
     for r, slots in enumerate(sc.slots):
         req_pool.req_to_token[r, : slots.shape[0]] = slots.to(req_pool.req_to_token.dtype)
     runner = SimpleNamespace(device=DEVICE, req_to_token_pool=req_pool, token_to_kv_pool=pool)
-    backend = m.backend(runner)
+    backend = (m.backend if backend_class is None else backend_class)(runner)
     prefill = [p for p, _ in REQUESTS]
     total = [p + e for p, e in REQUESTS]
     steps = (([0, 0], prefill), (prefill, total), (total, [t + 1 for t in total]))
@@ -348,6 +351,30 @@ def test_dsv4_token_pool_sliding_window_layers_run_through_compat() -> None:
     proxy = kvcompat.compat(native)
     errors = _check_v4(proxy, sc, run_backend(proxy, sc))
     assert min(errors) > 2**-8
+
+
+@pytest.mark.latest_only
+def test_sglangs_flex_backend_runs_through_compat_on_the_dsv4_composite() -> None:
+    # SGLang's other triton-free backend, unmodified: torch.compile'd flex attention over the
+    # token rows it gathers (about 100 s of compiling on the CPU, so once, not per release).
+    flex = pytest.importorskip("sglang.srt.layers.attention.torch_flex_backend")
+    sc = Scenario(kv_heads=1, head_dim=512, windows={0: -1, 1: -1, 2: -1}, shared_kv=True, seed=6)
+    native = b.build_dsv4_token_pool()  # layers of ratio 0, 4 and 128
+    allocated = b.register_allocator_mapping(native, seed=6)
+    sc.slots = _slots(sum(p + e + 1 for p, e in REQUESTS), 256, seed=6, allocated=allocated)
+    proxy = kvcompat.compat(native)
+    out = run_backend(proxy, sc, flex.TorchFlexAttnBackend)
+    native_out = run_backend(kvcompat.compat(_copy_of(native)), sc)
+    for layer in sc.windows:  # the same tokens as the other backend, within fp8 of the input
+        assert rel_l2(out[layer], native_out[layer].float()) < 2**-7, layer
+        assert rel_l2(out[layer], dense_reference(sc, layer)) < V4_BOUND, layer
+
+
+def _copy_of(native: Any) -> Any:
+    """A fresh composite with ``native``'s mapping (the same slots, empty storage)."""
+    fresh = b.build_dsv4_token_pool()
+    fresh.register_mapping(native.full_to_swa_index_mapping)
+    return fresh
 
 
 def test_dsv4_token_pool_without_a_mapping_refuses_the_plain_loc_and_writes_nothing() -> None:
