@@ -160,8 +160,8 @@ def check_version(release: str, overlay: Path | None) -> None:
 def run_tier(release: str, overlay: Path | None, junit: Path) -> tuple[int, float]:
     """Run the tier (:data:`TIER`) under ``release``; its exit status and wall seconds."""
     command = [
-        _python(), "-m", "pytest", *TIER, "-m", "sglang and not latest_only", "-q", "-p", "no:cacheprovider",
-        "-rfE", "--tb=short", f"--junitxml={junit}",
+        _python(), "-m", "pytest", *TIER, "-m", "sglang and not latest_only", "-q",
+        "-p", "no:cacheprovider", "-rfE", "--tb=short", f"--junitxml={junit}",
     ]  # fmt: skip
     print(f"== SGLang {release}: {' '.join(command)}", flush=True)
     started = time.perf_counter()
