@@ -105,11 +105,9 @@ def _assert_same_swa_bytes(ours: Any, theirs: Any) -> None:
 
 def test_dsv4_token_pool_plain_loc_goes_to_the_translated_swa_slots() -> None:
     ours, theirs = b.build_dsv4_token_pool(), b.build_dsv4_token_pool()
-    mapping = torch.arange(513, dtype=torch.int64).roll(7)
-    mapping[-1] = -1
-    ours.register_mapping(mapping)
+    full = b.register_allocator_mapping(ours, seed=1)[[0, 1, 2]]
+    mapping = ours.full_to_swa_index_mapping
     keys = torch.randn(3, 1, 512).to(torch.bfloat16)
-    full = torch.tensor([20, 21, 300])
     for layer_id in (0, 1, 2):  # ratio 0, c4 and c128 layers: all keep their window in swa
         kvcompat.compat(ours).set_kv_buffer(radix_layer(layer_id), full, keys, keys)
         kvcompat.adapt(theirs).write(layer_id, mapping[full], keys)
