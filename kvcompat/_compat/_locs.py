@@ -165,7 +165,7 @@ def loc_space(
     leaf = adapter if part is None else adapter.components[part]
     native = leaf.native
     if hasattr(type(native), "translate_loc_to_hisparse_device"):
-        return _hisparse(native, layer_id, storage_rows, name=adapter.name)
+        return _hisparse(native, layer_id, storage_rows, name=adapter.name, views=views)
     return LocSpace(storage_rows, describe="token slots")
 
 
@@ -221,8 +221,27 @@ def _sliding_window(
     )
 
 
-def _hisparse(native: Any, layer_id: int, storage_rows: int, *, name: str) -> LocSpace:
+def _hisparse(native: Any, layer_id: int, storage_rows: int, *, name: str, views: bool) -> LocSpace:
     mapping = getattr(native, _HISPARSE, None)
+    if not views:  # native tensors, indexed by device slot: as SWAKVPool's, see above
+        plain = (
+            f"{type(native).__qualname__} stores layer {layer_id} ({name}) by HiSparse device "
+            "slot, and compat hands out its native tensors, indexed by device slot; a plain "
+            "location is a logical one, so writing it translated (as the native writer does) "
+            "would put the token where your later k_buffer[loc] does not look.\n"
+            "Hint: translate first and use the device slots for both: slots = "
+            "pool.translate_loc_to_hisparse_device(loc); pool.kvcompat.write("
+            f"{layer_id}, slots, k, v); k_buffer[slots]."
+        )
+        return LocSpace(
+            storage_rows,
+            describe="device slots",
+            owner=native,
+            attr=_HISPARSE,
+            mapping=mapping,
+            plain_writes=plain,
+            views_translate=False,
+        )
     if mapping is None:
         missing = (
             f"{type(native).__qualname__} stores layer {layer_id} ({name}) by HiSparse device "

@@ -4,6 +4,7 @@ writers' bytes, KVWriteLoc routing, and a proxy every kvcompat entry point sees 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 from typing import Any
 
@@ -337,3 +338,32 @@ def _changed_rows(before: list[torch.Tensor], after: list[torch.Tensor], index: 
             assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), i
     x, y = before[index].view(torch.uint8), after[index].view(torch.uint8)
     return {int(p) for p in (x != y).reshape(x.shape[0], -1).any(1).nonzero().flatten()}
+
+
+def test_hisparse_mha_pool_refuses_a_plain_loc_its_native_tensors_cannot_mean() -> None:
+    # HiSparseMHAMainPool's getters are its native tensors, indexed by device slot, while its
+    # native set_kv_buffer takes logical locations: through compat a plain loc would be
+    # written to one slot and read back from another, so it is refused (nothing written).
+    try:
+        module = importlib.import_module("sglang.srt.mem_cache.hisparse_memory_pool")
+    except ModuleNotFoundError:
+        module = None
+    cls = getattr(module, "HiSparseMHAMainPool", None)
+    require(cls, "HiSparseMHAMainPool")
+    native = cls(
+        size=b.SIZE, page_size=b.MHA_PAGE, dtype=torch.bfloat16, head_num=b.HEAD_NUM,
+        head_dim=b.HEAD_DIM, layer_num=2, device="cpu", enable_memory_saver=False,
+    )  # fmt: skip
+    mapping, logical = b.allocator_mapping(2 * (b.SIZE + b.MHA_PAGE), b.SIZE + b.MHA_PAGE, seed=3)
+    native.register_mapping(mapping)
+    pool = kvcompat.compat(native)
+    k = torch.randn(2, b.HEAD_NUM, b.HEAD_DIM).to(torch.bfloat16)
+    before = [t.clone() for t in native.k_buffer + native.v_buffer]
+    with pytest.raises(kvcompat.WriteError, match="indexed by device slot"):
+        pool.set_kv_buffer(radix_layer(1), logical[:2], k, k)
+    after = native.k_buffer + native.v_buffer
+    assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))
+    slots = native.translate_loc_to_hisparse_device(logical[:2])
+    pool.kvcompat.write(1, slots, k, 2 * k)  # the hint's form
+    assert torch.equal(pool.get_key_buffer(1)[slots], k)
+    assert torch.equal(pool.get_value_buffer(1)[slots], 2 * k)
