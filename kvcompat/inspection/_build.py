@@ -170,6 +170,9 @@ def details_of(native: Any, **extra: Scalar) -> Mapping[str, Scalar]:
             found[name] = _dtype_name(value)
         elif isinstance(value, (bool, int, float, str)):
             found[name] = value
+    if hasattr(type(native), "translate_loc_to_hisparse_device"):
+        # Rows are HiSparse device slots, not the locations a request holds.
+        found["slots"] = "hisparse_device"
     found.update(extra)
     return MappingProxyType(found)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvcompat.inspection import TransferGroup
 from kvcompat.transfer._errors import TransferPlanError
-from kvcompat.transfer._spec import BufferSpec, PoolSpec, pool_spec
+from kvcompat.transfer._spec import BufferSpec, ComponentSpec, PoolSpec, pool_spec
 
 __all__ = [
     "Descriptor",
@@ -663,6 +663,30 @@ def _ring_rows(spec: PoolSpec, request: Request) -> list[int]:
     return [slot * ring + position % ring for position in range(max(0, length - window), length)]
 
 
+def _refuse_device_slots(spec: PoolSpec, groups: tuple[str, ...]) -> None:
+    """Refuse a component whose pages are HiSparse device slots in a group paged by kv_locs.
+
+    Its rows are not the request's locations (SGLang's PD path moves the HiSparse host
+    pool for those layers instead), so pages derived from ``kv_locs`` would name others.
+    """
+    names = sorted({b.component for b in spec.buffers if b.group in groups})
+    device = [n for n in names if n in spec.components and _device_slots(spec.components[n])]
+    if device:
+        msg = (
+            f"{spec.name}: component(s) {device} store their pages by HiSparse device slot, "
+            "not by the request's locations, so their pages cannot be derived from kv_locs "
+            "(SGLang's PD path moves the HiSparse host pool for those layers instead).\n"
+            "Hint: kvcompat does not plan this pool's request pages; move those layers "
+            "from SGLang's HiSparse host pool as its PD path does, or pass explicit page ids "
+            "per group to plan_transfer(pages=...) if you know the device pages."
+        )
+        raise TransferPlanError(msg)
+
+
+def _device_slots(part: ComponentSpec) -> bool:
+    return part.details.get("slots") == "hisparse_device"
+
+
 def request_pages(pool: Any, *requests: Request) -> dict[str, tuple[int, ...]]:
     """The page ids SGLang's PD path sends for ``requests``, per transfer group.
 
@@ -707,6 +731,7 @@ def request_pages(pool: Any, *requests: Request) -> dict[str, tuple[int, ...]]:
         msg = f"{spec.name} has no page size, so token locations cannot be turned into pages."
         raise TransferPlanError(msg)
     found: dict[str, list[int]] = {g: [] for g in present}
+    _refuse_device_slots(spec, (TransferGroup.KV.value, TransferGroup.KV_SCALE.value))
     for request in requests:
         kv = _page_ids(request.kv_locs, page, "kv_locs")
         for group in (TransferGroup.KV.value, TransferGroup.KV_SCALE.value):

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-from _sglang.builders import build_dsv4_unified_pool
-from _sglang.features import require
+from _sglang.builders import build_dsv4_token_pool, build_dsv4_unified_pool
+from _sglang.features import accepts, pool_class, require
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transfer._helpers import host_bytes, randomise, run_locally
 
-from kvcompat.transfer import Request, plan_transfer, pool_spec, request_pages
+from kvcompat.transfer import Request, TransferPlanError, plan_transfer, pool_spec, request_pages
 
 pytestmark = [
     pytest.mark.sglang,
@@ -230,10 +230,22 @@ def test_ring_rows_move_row_for_row_between_slots(unified: Any) -> None:
 
 def test_ring_rows_need_the_window_a_manifest_does_not_carry(unified: Any) -> None:
     from kvcompat.inspection import describe
-    from kvcompat.transfer import TransferPlanError
 
     request = Request(range(256, 456), swa_locs=range(200), req_pool_idx=0)
     with pytest.raises(TransferPlanError, match="does not say the window and ring size"):
         request_pages(describe(unified), request)
     with pytest.raises(TransferPlanError, match="need the request slot"):
         request_pages(unified, Request(range(256, 456), swa_locs=range(200)))
+
+
+def test_request_pages_refuse_a_hisparse_c4_part_instead_of_naming_other_pages() -> None:
+    # With HiSparse on, the composite's c4 pool stores pages by device slot: pages derived
+    # from kv_locs would move other tokens' c4 keys. SGLang's PD path moves the HiSparse host
+    # pool for those layers; kvcompat refuses rather than plan the wrong pages.
+    require(accepts(pool_class("DeepSeekV4TokenToKVPool"), "enable_hisparse"), "enable_hisparse")
+    pool = build_dsv4_token_pool(enable_hisparse=True)
+    request = Request(kv_locs=range(256, 512), swa_locs=range(256, 512), req_pool_idx=0)
+    with pytest.raises(TransferPlanError, match=r"\['c4'\] store their pages by HiSparse"):
+        request_pages(pool, request)
+    plain = build_dsv4_token_pool()  # the same request on the pool without HiSparse
+    assert request_pages(plain, request)["kv"] == (1,)
