@@ -269,11 +269,11 @@ def test_swa_of_mha_through_compat_is_bit_identical_to_native(mapping: str) -> N
     else:  # a real allocator's shape: some full slots -> other SWA slots, the rest -> none
         # (full slots below the SWA pool's 48 rows: SGLang's backend reads SWA layers at
         # full-pool locations, which crashes natively past row 47)
-        mapping, allocated = b.allocator_mapping(48, 48, seed=5)
+        table, allocated = b.allocator_mapping(48, 48, seed=5)
         unmapped = torch.zeros(64 + 16 - 48, dtype=torch.int64)
-        mapping = torch.cat([mapping[:-1], unmapped, mapping[-1:]])
+        table = torch.cat([table[:-1], unmapped, table[-1:]])
         for pool in pools:
-            pool.register_mapping(mapping)
+            pool.register_mapping(table)
         sc.slots = _slots(total, 48, seed=2, allocated=allocated)
     native = run_backend(pools[0], sc)
     proxy = kvcompat.compat(pools[1])
@@ -282,8 +282,7 @@ def test_swa_of_mha_through_compat_is_bit_identical_to_native(mapping: str) -> N
         # 0.5.12's backend hands a plain full-pool loc, which its pool translates; the
         # proxy's getters are the native tensors, indexed by SWA slot, so that loc cannot
         # mean one token in the write and in the backend's reads: refused, nothing written.
-        before = _all_tensors(pools[1])
-        before = [t.clone() for t in before]
+        before = [t.clone() for t in _all_tensors(pools[1])]
         with pytest.raises(kvcompat.WriteError, match="indexed by SWA slot"):
             run_backend(proxy, sc)
         assert all(torch.equal(x, y) for x, y in zip(before, _all_tensors(pools[1]), strict=True))

@@ -67,9 +67,14 @@ def test_swa_pool_refuses_a_plain_loc_its_native_tensors_cannot_mean() -> None:
     swa = theirs.translate_loc_from_full_to_swa(full)
     assert not torch.equal(swa, full)
     pool = kvcompat.compat(ours)
-    for plain in (full, _write_loc(loc=full)):
-        with pytest.raises(kvcompat.WriteError, match=r"indexed by SWA slot[\s\S]*KVWriteLoc"):
-            pool.set_kv_buffer(radix_layer(0), plain, k, v)
+    with pytest.raises(kvcompat.WriteError, match=r"indexed by SWA slot[\s\S]*KVWriteLoc"):
+        pool.set_kv_buffer(radix_layer(0), full, k, v)
+    _assert_same_swa_bytes(ours, theirs)  # nothing written
+    pool.set_kv_buffer(radix_layer(1), full, k, v)  # a full-attention layer: loc is its slot
+    theirs.full_kv_pool.set_kv_buffer(None, full, k, v, layer_id_override=0)
+    _assert_same_swa_bytes(ours, theirs)
+    with pytest.raises(kvcompat.WriteError, match=r"indexed by SWA slot[\s\S]*KVWriteLoc"):
+        pool.set_kv_buffer(radix_layer(0), _write_loc(loc=full), k, v)  # 0.5.14 on
     _assert_same_swa_bytes(ours, theirs)  # nothing written
     for layer_id in (0, 1, 2):
         theirs.set_kv_buffer(radix_layer(layer_id), _write_loc(loc=full, swa_loc=swa), k, v)
