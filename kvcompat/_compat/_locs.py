@@ -46,6 +46,8 @@ class LocSpace:
         mapping: the native mapping tensor the translation reads (None: none used).
         views_translate: whether a logical view's gathers translate (False where the
             layer's getters are native tensors, indexed by storage slot).
+        fixed: True where nothing the pool registers later can change the space (the
+            getters' hot path then skips :meth:`is_current`).
     """
 
     __slots__ = (
@@ -55,6 +57,7 @@ class LocSpace:
         "_owner",
         "_plain_writes",
         "_translate",
+        "fixed",
         "mapping",
         "rows",
         "views_translate",
@@ -79,15 +82,14 @@ class LocSpace:
         self._describe = describe
         self._owner = owner
         self._attr = attr
+        self.fixed = owner is None
         self._translate = translate
         self._missing = missing
         self._plain_writes = plain_writes
 
     def is_current(self) -> bool:
         """Whether the pool still holds the mapping this space was built for."""
-        if self._owner is None:
-            return True
-        return getattr(self._owner, self._attr, None) is self.mapping
+        return self.fixed or getattr(self._owner, self._attr, None) is self.mapping
 
     def storage_loc(self, loc: torch.Tensor, *, what: str, error: type[Exception]) -> torch.Tensor:
         """The storage rows of compat locations ``loc`` (1-D int64 on the storage's device).

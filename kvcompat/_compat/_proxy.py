@@ -103,7 +103,11 @@ class CompatPool:
 
     def _kvcompat_layer(self, layer_id: int, storage: torch.Tensor) -> _Layer:
         layer = self._kvcompat_layers.get(layer_id)
-        if layer is not None and layer.storage is storage and layer.space.is_current():
+        if (
+            layer is not None
+            and layer.storage is storage
+            and (layer.space.fixed or layer.space.is_current())
+        ):
             return layer
         adapter = self._kvcompat_adapter
         plan = plan_views(adapter, layer_id, storage)
