@@ -173,6 +173,8 @@ def test_detectors_answer_by_class_without_importing(case: PoolCase) -> None:
     expected = KIND[case.family]
     assert pool.kind is expected, at(case.id, None, f"adapter.kind {pool.kind}, want {expected}")
     subjects = {"instance": native, "class": type(native), "adapter": pool}
+    for detector in (*ALL_DETECTORS, kvcompat.pool_kind):  # kvcompat's own lazy imports, once
+        detector(object())
     with record_imports() as log:
         answers = {
             (label, detector.__name__): detector(subject)
