@@ -704,7 +704,7 @@ class LeafAdapter(AdapterBase):
 
     @property
     def components(self) -> Mapping[str, KVPoolProtocol]:
-        """Empty: a leaf pool has no parts.
+        """Empty: a leaf pool has no parts (a family may add its own, e.g. DSA's ``indexer``).
 
         Example:
             >>> import kvcompat

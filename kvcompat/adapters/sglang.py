@@ -253,8 +253,8 @@ DeepSeek-V4 names its index-key parts ``c{ratio}_indexer``, after the compressed
 layers they index; a DSA pool has one index-key store and no compression ratio, so its part is
 the bare ``indexer``."""
 
-# Where SGLang 0.5.13 on keeps DSA's index keys; with AITER's preshuffled paged MQA (HIP) the key
-# bytes of a page are tiled, which is not the fp8 indexer layout kvcompat reads.
+# The module of SGLang's IndexKeyCache (recent releases); its _use_aiter_preshuffle flag says the
+# key bytes of a page are tiled for AITER's paged MQA (HIP): not the layout kvcompat reads.
 _INDEX_KEY_CACHE_MODULE = "sglang.srt.mem_cache.index_key_cache"
 
 
@@ -286,8 +286,8 @@ def dsa_index_slots(
 class DSAIndexKeyAdapter(IndexKeyAdapter):
     """A DSA pool's index keys: the ``indexer`` component of its :class:`DSAAdapter`.
 
-    The store is ``index_k_with_scale_buffer`` (``IndexKeyCache.buffer`` from SGLang 0.5.14,
-    a plain list before; ``NSATokenToKVPool`` in 0.5.12): one ``uint8`` row of
+    The store is ``index_k_with_scale_buffer`` (``IndexKeyCache.buffer`` in recent releases,
+    a plain list on the pool in 0.5.12's ``NSATokenToKVPool`` and in 0.5.13): one ``uint8`` row of
     ``index_page_size * 132`` bytes per page, the page's 128-byte e4m3 keys followed by one
     fp32 scale per token, byte for byte the DeepSeek-V4 fp8 indexer layout
     (:data:`kvcompat.layouts.DSV4_INDEXER_FP8`), paged at ``index_page_size``. A token

@@ -1,9 +1,9 @@
 """A DSA pool's index keys as its ``indexer`` component, on the real SGLang classes.
 
 ``kvcompat.adapt(DSATokenToKVPool(...)).components["indexer"]`` serves the pool's own
-index-key store (``index_k_with_scale_buffer``: ``IndexKeyCache.buffer`` from 0.5.14, a
-list before, ``NSATokenToKVPool`` on 0.5.12) in the DeepSeek-V4 fp8 indexer layout at
-``index_page_size``. Byte-for-byte agreement with SGLang's own writer
+index-key store (``index_k_with_scale_buffer``: ``IndexKeyCache.buffer`` in recent
+releases, a list on the pool before; ``NSATokenToKVPool`` on 0.5.12) in the DeepSeek-V4
+fp8 indexer layout at ``index_page_size``. Byte-for-byte agreement with SGLang's own writer
 (``set_index_k_scale_buffer``, a Triton kernel) is an oracle check run under the Triton
 interpreter (``tests/layouts/_oracle/dsv4_indexer_fp8.py::dsa_indexer_component_store``);
 here: the storage it serves, its waits, round trips and untouched bytes, refusals,
