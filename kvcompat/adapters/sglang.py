@@ -370,6 +370,11 @@ class DSAIndexKeyAdapter(IndexKeyAdapter):
             )
         elif module is not None and getattr(module, "_use_aiter_preshuffle", False) is True:
             reason = "its key bytes are tiled for AITER's preshuffled paged MQA (HIP)"
+        elif key.dtype != torch.uint8:
+            reason = (
+                f"its index keys are stored as {key.dtype}, not as packed uint8 e4m3 keys and "
+                "fp32 scales"
+            )
         page = self.page_size
         if reason is None and (
             key.dim() != 2
@@ -405,7 +410,8 @@ class DSAIndexKeyAdapter(IndexKeyAdapter):
             None
         """
         pooled = inspect.getattr_static(native, "index_kpool", 1)
-        return DSV4_INDEXER_FP8.name if pooled in (1, None) else None
+        bf16 = inspect.getattr_static(native, "index_cache_is_bf16", False) is True
+        return DSV4_INDEXER_FP8.name if pooled in (1, None) and not bf16 else None
 
 
 class DSAAdapter(LatentAdapter):

@@ -344,6 +344,19 @@ def test_pooled_index_keys_are_refused_with_a_reason_and_nothing_moves() -> None
     assert describe(native).children[0].layout is None
 
 
+def test_index_keys_stored_in_another_dtype_are_refused() -> None:
+    """Some builds keep bf16 index keys (``index_cache_is_bf16``): not the packed bytes."""
+    native = build_dsa(0)
+    part = kvcompat.adapt(native).components["indexer"]
+    stored = native.index_k_with_scale_buffer
+    stored[1] = torch.zeros_like(stored[1]).view(torch.bfloat16)  # same bytes, other dtype
+    before = _snapshot(native)
+    with pytest.raises(kvcompat.LayoutError, match="bfloat16"):
+        part.write(1, torch.tensor([3]), _keys(1, 0))
+    assert _same(before, native)
+    part.write(0, torch.tensor([3]), _keys(1, 0))  # the other layer is still served
+
+
 # -- inspection -------------------------------------------------------------------------------
 
 
