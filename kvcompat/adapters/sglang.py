@@ -434,6 +434,7 @@ class DSAAdapter(LatentAdapter):
         b for b in LatentAdapter.buffers if b.role != "index_keys"
     )
     __slots__ = ("_parts",)
+    _parts: Mapping[str, KVPoolProtocol]
 
     @classmethod
     def attached_parts(
