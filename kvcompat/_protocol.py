@@ -228,7 +228,7 @@ class KVPoolProtocol(Protocol):
 
     @property
     def components(self) -> Mapping[str, KVPoolProtocol]:
-        """Named parts of a composite pool (empty for a leaf pool)."""
+        """Named parts: a composite's sub-pools, or a leaf's own stores (DSA's ``indexer``)."""
         ...
 
     def get_key_buffer(self, layer_id: int, /, *, wait: bool = True) -> torch.Tensor:

@@ -704,7 +704,7 @@ class LeafAdapter(AdapterBase):
 
     @property
     def components(self) -> Mapping[str, KVPoolProtocol]:
-        """Empty: a leaf pool has no parts.
+        """Empty: a leaf pool has no parts (a family may add its own, e.g. DSA's ``indexer``).
 
         Example:
             >>> import kvcompat
@@ -861,7 +861,7 @@ class LatentAdapter(LeafAdapter):
 
     kind = PoolKind.LATENT
     source_attr = "kv_buffer"
-    buffers = (
+    buffers: ClassVar[tuple[Buffer, ...]] = (
         Buffer("kv_buffer", "latent", rows="token", value_prefix="kv_lora_rank"),
         Buffer("kv_scale_buffer", "key_scales", group="kv_scale"),
         Buffer("index_key_cache.buffer", "index_keys", group="state", rows="page"),
@@ -1035,7 +1035,7 @@ class IndexKeyAdapter(KeyOnlyAdapter):
 
     source_attr = "index_k_with_scale_buffer"
     native_waits = False
-    buffers = (
+    buffers: ClassVar[tuple[Buffer, ...]] = (
         Buffer("index_k_with_scale_buffer", "index_keys", rows="page"),
         Buffer("index_k_payload_buffer", "index_keys", rows="page"),
         Buffer("index_k_scale_buffer", "index_scales", rows="page"),

@@ -14,26 +14,38 @@ happens to compute (see the "traps" on the supported-pools page).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
 
-from kvcompat._errors import UnsupportedPoolError
+import torch
+
+from kvcompat._errors import LayoutError, UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, _install, adapt_part
+from kvcompat.adapters._base import Buffer
 from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
+from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._leaf import (
     IndexKeyAdapter,
     KeyOnlyAdapter,
     LatentAdapter,
+    LeafAdapter,
     SingleKVAdapter,
     SplitAdapter,
 )
+from kvcompat.layouts.dsv4_indexer_fp8 import DSV4_INDEXER_FP8
 
 __all__ = [
+    "DSA_INDEXER",
     "DSV4_TOKEN_POOL_PARTS",
     "HYBRID_LINEAR_PARTS",
     "SGLANG_CLASSES",
     "SWA_PARTS",
+    "DSAAdapter",
+    "DSAIndexKeyAdapter",
     "adapt_dsv4_token_pool",
     "adapt_hybrid_linear",
     "adapt_swa",
@@ -232,6 +244,247 @@ def _describe_dsv4(walk: Any, native: Any, *, name: str, path: str) -> Any:
     return dsv4_node(walk, native, name=name, path=path)
 
 
+# -- DSA: the latent rows, and the index keys as the ``indexer`` component -----------------------
+
+DSA_INDEXER = "indexer"
+"""Component name of a DSA pool's index keys: ``kvcompat.adapt(dsa_pool).components["indexer"]``.
+
+DeepSeek-V4 names its index-key parts ``c{ratio}_indexer``, after the compressed cache whose
+layers they index; a DSA pool has one index-key store and no compression ratio, so its part is
+the bare ``indexer``."""
+
+# The module of SGLang's IndexKeyCache (recent releases); its _use_aiter_preshuffle flag says the
+# key bytes of a page are tiled for AITER's paged MQA (HIP): not the layout kvcompat reads.
+_INDEX_KEY_CACHE_MODULE = "sglang.srt.mem_cache.index_key_cache"
+
+
+def dsa_index_slots(
+    native: Any, slots: Mapping[int, int], read: Callable[[Any, str, Any], Any] = getattr
+) -> dict[int, int]:
+    """The layers of ``slots`` (layer id -> buffer slot) whose index keys a DSA pool stores.
+
+    A layer marked in ``skip_topk_layers`` reuses the previous layer's top-k and keeps a
+    0-row placeholder instead of index keys (SGLang 0.5.2x); it is left out. ``read`` is
+    ``getattr`` or a static reader that runs no code.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> dsa_index_slots(SimpleNamespace(skip_topk_layers=[False, True]), {4: 0, 5: 1})
+        {4: 0}
+        >>> dsa_index_slots(SimpleNamespace(), {4: 0, 5: 1})  # releases without the flag
+        {4: 0, 5: 1}
+    """
+    skip = read(native, "skip_topk_layers", None)
+    flags = tuple(bool(flag) for flag in skip) if isinstance(skip, (list, tuple)) else ()
+    return {
+        layer: slot
+        for layer, slot in sorted(slots.items())
+        if not (0 <= slot < len(flags) and flags[slot])
+    }
+
+
+class DSAIndexKeyAdapter(IndexKeyAdapter):
+    """A DSA pool's index keys: the ``indexer`` component of its :class:`DSAAdapter`.
+
+    The store is ``index_k_with_scale_buffer`` (``IndexKeyCache.buffer`` in recent releases,
+    a plain list on the pool in 0.5.12's ``NSATokenToKVPool`` and in 0.5.13): one ``uint8`` row of
+    ``index_page_size * 132`` bytes per page, the page's 128-byte e4m3 keys followed by one
+    fp32 scale per token, byte for byte the DeepSeek-V4 fp8 indexer layout
+    (:data:`kvcompat.layouts.DSV4_INDEXER_FP8`), paged at ``index_page_size``. A token
+    ``loc`` is the index cache's own location: on ``HiSparseDSATokenToKVPool`` the logical
+    location SGLang's ``set_index_k_scale_buffer`` takes, not the device slot its latent
+    rows use. Pools that pool ``index_kpool`` tokens per index key, or page the keys apart
+    from their row (context-parallel ``dcp_replicated``, HIP's preshuffled tiles), are
+    served as raw bytes only: ``read`` and ``write`` raise :class:`~kvcompat.LayoutError`.
+
+    Example:
+        >>> DSAIndexKeyAdapter.source_attr, DSAIndexKeyAdapter.kind.value
+        ('index_k_with_scale_buffer', 'key_only')
+    """
+
+    native_waits = True
+    page_size_attr = "index_page_size"
+    """The pool attribute holding tokens per index page (``describe`` reads it too)."""
+    size_attr = "index_buf_size"
+    """The pool attribute holding the index cache's token capacity."""
+    buffers: ClassVar[tuple[Buffer, ...]] = (
+        Buffer("index_key_cache.buffer", "index_keys", group="state", rows="page"),
+        # SGLang 0.5.12 (NSATokenToKVPool) and 0.5.13 keep the per-layer list on the pool.
+        Buffer("index_k_with_scale_buffer", "index_keys", group="state", rows="page"),
+    )
+    returns = (
+        "the packed ``uint8`` ``index_k_with_scale_buffer[slot]`` (keys, then scales)",
+        "raises ``NoValueBufferError`` (a ``NotImplementedError``)",
+    )
+    __slots__ = ()
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per index-key page (``index_page_size``; the pool's ``page_size`` before 0.5.21).
+
+        Example:
+            >>> DSAIndexKeyAdapter.page_size.__doc__.split()[0]
+            'Tokens'
+        """
+        native = self._native
+        return int(getattr(native, self.page_size_attr, None) or native.page_size)
+
+    @property
+    def size(self) -> int:
+        """Token capacity of the index cache (``index_buf_size``; twice ``size`` on HiSparse).
+
+        Example:
+            >>> DSAIndexKeyAdapter.size.__doc__.split()[0]
+            'Token'
+        """
+        native = self._native
+        return int(getattr(native, self.size_attr, None) or native.size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """``float8_e4m3fn``: the keys' element type (the buffer is returned as ``uint8``).
+
+        Example:
+            >>> DSAIndexKeyAdapter.dtype.__doc__.split("``")[1]
+            'float8_e4m3fn'
+        """
+        return torch.float8_e4m3fn
+
+    def detect_layout(
+        self, layer_id: int, key: torch.Tensor, value: torch.Tensor | None
+    ) -> LayerLayout:
+        """The DeepSeek-V4 fp8 indexer layout at ``index_page_size``, or a refusal.
+
+        Example:
+            >>> DSAIndexKeyAdapter.detect_layout.__name__
+            'detect_layout'
+        """
+        native = self._native
+        pooled = int(getattr(native, "index_kpool", 1) or 1)
+        module = sys.modules.get(_INDEX_KEY_CACHE_MODULE)
+        reason = None
+        if pooled != 1:
+            reason = (
+                f"it pools index_kpool={pooled} tokens into each index key, so a token location "
+                "does not address one index key"
+            )
+        elif module is not None and getattr(module, "_use_aiter_preshuffle", False) is True:
+            reason = "its key bytes are tiled for AITER's preshuffled paged MQA (HIP)"
+        elif key.dtype != torch.uint8:
+            reason = (
+                f"its index keys are stored as {key.dtype}, not as packed uint8 e4m3 keys and "
+                "fp32 scales"
+            )
+        page = self.page_size
+        if reason is None and (
+            key.dim() != 2
+            or key.shape[-1] * key.element_size() != DSV4_INDEXER_FP8.page_bytes(page)
+        ):
+            reason = (
+                f"its index pages are {tuple(key.shape)} {key.dtype} while index_page_size={page} "
+                f"needs {DSV4_INDEXER_FP8.page_bytes(page)}-byte rows (context-parallel "
+                "dcp_replicated pools page the keys apart from their rows)"
+            )
+        if reason is not None:
+            msg = (
+                f"{self._name}: kvcompat has no codec for the index keys of "
+                f"{type(native).__qualname__} layer {layer_id}: {reason}. The buffer is "
+                "reachable as raw bytes through get_key_buffer(); nothing was read or written.\n"
+                "Hint: read and write these index keys with SGLang's own "
+                "get_index_k_scale_buffer / set_index_k_scale_buffer."
+            )
+            raise LayoutError(msg)
+        return LayerLayout(DSV4_INDEXER_FP8)
+
+    @classmethod
+    def layout_name(cls, native: Any) -> str | None:
+        """``"dsv4_indexer_fp8"``, the layout of DSA's index keys (None with ``index_kpool > 1``).
+
+        Read statically, for ``describe``: no property or getter of the pool runs.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> DSAIndexKeyAdapter.layout_name(SimpleNamespace(index_kpool=1))
+            'dsv4_indexer_fp8'
+            >>> print(DSAIndexKeyAdapter.layout_name(SimpleNamespace(index_kpool=2)))
+            None
+        """
+        pooled = inspect.getattr_static(native, "index_kpool", 1)
+        bf16 = inspect.getattr_static(native, "index_cache_is_bf16", False) is True
+        return DSV4_INDEXER_FP8.name if pooled in (1, None) and not bf16 else None
+
+
+class DSAAdapter(LatentAdapter):
+    """``DSATokenToKVPool``: the latent rows (a latent pool), plus its index keys as a part.
+
+    The getters, ``read`` and ``write`` serve the latent rows exactly as
+    :class:`~kvcompat.adapters.LatentAdapter` does (the pool stays a ``latent`` pool);
+    :attr:`components` holds the index-key store as ``"indexer"``, a
+    :class:`DSAIndexKeyAdapter` serving the same layer ids (less skip-topk layers) with the
+    same layer-transfer wait. Inside a composite (``HybridLinearKVPool``, ``SWAKVPool``),
+    the DSA part carries its indexer the same way: ``pool.components["full"].components
+    ["indexer"]``, with the composite's absolute layer ids.
+
+    Example:
+        >>> DSAAdapter.kind.value, [b.attr for b in DSAAdapter.buffers]
+        ('latent', ['kv_buffer', 'kv_scale_buffer'])
+    """
+
+    buffers: ClassVar[tuple[Buffer, ...]] = tuple(
+        b for b in LatentAdapter.buffers if b.role != "index_keys"
+    )
+    __slots__ = ("_parts",)
+    _parts: Mapping[str, KVPoolProtocol]
+
+    @classmethod
+    def attached_parts(
+        cls,
+        native: Any,
+        slots: Mapping[int, int],
+        read: Callable[[Any, str, Any], Any] = getattr,
+    ) -> dict[str, tuple[type[LeafAdapter], dict[int, int]]]:
+        """The stores this pool keeps beside its latent rows: name -> (adapter class, slots).
+
+        ``slots`` are the latent's (absolute layer id -> buffer slot); ``describe`` calls
+        this with a static ``read`` (no property, no getter runs).
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> found = DSAAdapter.attached_parts(SimpleNamespace(), {2: 0, 3: 1})
+            >>> {name: (leaf.__name__, slots) for name, (leaf, slots) in found.items()}
+            {'indexer': ('DSAIndexKeyAdapter', {2: 0, 3: 1})}
+        """
+        served = dsa_index_slots(native, slots, read)
+        return {DSA_INDEXER: (DSAIndexKeyAdapter, served)} if served else {}
+
+    @property
+    def components(self) -> Mapping[str, KVPoolProtocol]:
+        """``{"indexer": ...}``: the pool's index keys (empty when every layer skips top-k).
+
+        Example:
+            >>> DSAAdapter.components.__doc__.split("``")[1]
+            '{"indexer": ...}'
+        """
+        try:
+            return self._parts
+        except AttributeError:  # first use: built here, so describe() never reads the store
+            pass
+        native = self._native
+        owner, index = self.wait_plan
+        parts: dict[str, KVPoolProtocol] = {}
+        for part, (leaf, served) in self.attached_parts(native, self.storage_slots).items():
+            parts[part] = leaf(
+                native,
+                slots=served,
+                component=part,
+                waits=self.waits,
+                wait_owner=owner,
+                wait_index={layer: index[layer] for layer in served},
+            )
+        self._parts = MappingProxyType(parts)
+        return self._parts
+
+
 # What describe() and the transfer descriptors need beyond each composite's components.
 SWA_PARTS = CompositeParts(regroup={"swa": {"kv": "state"}})
 """SGLang registers ``SWAKVPool``'s full pool as PD ``kv`` and its sliding-window pool as
@@ -253,9 +506,7 @@ _CHECKED_SUBCLASSES: dict[str, tuple[str, ...]] = {
         "UnifiedMHATokenToKVPool",
         "UnifiedDraftKVPool",
     ),
-    # NSATokenToKVPool: SGLang 0.5.12's DSA predecessor; its index-key list is declared by
-    # the latent adapter (index_k_with_scale_buffer) and matches SGLang's own buffer infos.
-    f"{_MEM}.MLATokenToKVPool": ("UnifiedMLATokenToKVPool", "NSATokenToKVPool"),
+    f"{_MEM}.MLATokenToKVPool": ("UnifiedMLATokenToKVPool",),
     f"{_MEM}.DSATokenToKVPool": ("HiSparseDSATokenToKVPool",),
     f"{_SWA}.SWAKVPool": ("UnifiedSWAKVPool", "UnifiedDraftSWAKVPool"),
     f"{_MEM}.HybridLinearKVPool": ("UnifiedHybridLinearKVPool", "QSATokenToKVPool"),
@@ -284,7 +535,9 @@ SGLANG_CLASSES: tuple[Family, ...] = (
     _leaf(f"{_MEM}.MHATokenToKVPool", PoolKind.SPLIT, SplitAdapter),
     _leaf(f"{_MEM}.MHATokenToKOnlyPool", PoolKind.KEY_ONLY, KeyOnlyAdapter),
     _leaf(f"{_MEM}.MLATokenToKVPool", PoolKind.LATENT, LatentAdapter),
-    _leaf(f"{_MEM}.DSATokenToKVPool", PoolKind.LATENT, LatentAdapter),
+    _leaf(f"{_MEM}.DSATokenToKVPool", PoolKind.LATENT, DSAAdapter),
+    # SGLang 0.5.12's name for the DSA pool: an MLA pool with an index_k_with_scale_buffer list.
+    _leaf(f"{_MEM}.NSATokenToKVPool", PoolKind.LATENT, DSAAdapter),
     _leaf(f"{_DSV4}.DeepSeekV4SingleKVPool", PoolKind.SINGLE_KV, SingleKVAdapter),
     _leaf(f"{_DSV4}.DeepSeekV4UniformFP8KVPool", PoolKind.SINGLE_KV, SingleKVAdapter),
     _leaf(f"{_DSV4}.HiSparseC4DevicePool", PoolKind.SINGLE_KV, SingleKVAdapter),

@@ -8,6 +8,7 @@ an ``opaque`` entry.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,12 +52,14 @@ __all__ = [
 # -- layout names ----------------------------------------------------------------------------
 
 
-def _layout_name(native: Any) -> str | None:
-    """The byte-layout name of a native part, as its family declares it.
+def _layout_name(native: Any, leaf: type[LeafAdapter] | None = None) -> str | None:
+    """The byte-layout name of a native part, as its family (or ``leaf``) declares it.
 
     The adapter's ``layout(l).key.name`` (the layout it reads and writes with) when one
     can be built and has a codec; else the leaf adapter's ``layout_name`` hook; None
-    for a class no leaf family serves (a composite, an unsupported class).
+    for a class no leaf family serves (a composite, an unsupported class). ``leaf`` is
+    the adapter class serving the part when it is not the family's (a DSA pool's
+    index keys).
 
     Example:
         >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool, ReferenceMLATokenToKVPool
@@ -65,8 +68,9 @@ def _layout_name(native: Any) -> str | None:
         >>> _layout_name(ReferenceMLATokenToKVPool(size=16, page_size=16))
         'mla_512+64_bf16'
     """
-    family = family_of(native)
-    leaf = None if family is None else family.leaf
+    if leaf is None:
+        family = family_of(native)
+        leaf = None if family is None else family.leaf
     if leaf is None:
         return None
     try:
@@ -238,11 +242,11 @@ def _part(declared: Buffer, owner: type) -> _Part:
 
 def _leaf_spec(
     family: Family | None, leaf: type[LeafAdapter] | None = None
-) -> tuple[Role, tuple[_Part, ...]] | None:
-    """The node role and buffers a leaf adapter class declares (``LeafAdapter.buffers``).
+) -> tuple[Role, tuple[_Part, ...], type[LeafAdapter]] | None:
+    """The node role, buffers and class of the leaf adapter serving a pool.
 
     ``leaf`` is the adapter actually serving the pool (when one was given), else the
-    family's.
+    family's; its ``buffers`` (``LeafAdapter.buffers``) are the node's declared parts.
     """
     if leaf is None:
         leaf = None if family is None else family.leaf
@@ -250,7 +254,40 @@ def _leaf_spec(
         return None
     parts = tuple(_part(declared, leaf) for declared in leaf.buffers)
     role = Role.KEY_VALUE if leaf.kind is PoolKind.SPLIT else parts[0].role
-    return role, parts
+    return role, parts, leaf
+
+
+def _attached_nodes(
+    walk: Walk,
+    native: Any,
+    leaf: type[LeafAdapter],
+    *,
+    path: str,
+    slots: Mapping[int, int],
+    regroup: Mapping[TransferGroup, TransferGroup | None] | None,
+) -> tuple[PoolManifest, ...]:
+    """Child nodes for the stores a leaf adapter serves as components of its native pool.
+
+    ``attached_parts`` (a DSA pool's ``indexer``) names each store's adapter class and
+    layers; each child lists the buffers that class declares.
+    """
+    attached = inspect.getattr_static(leaf, "attached_parts", None)
+    if attached is None:
+        return ()
+    found = getattr(leaf, "attached_parts")(native, slots, static_attr)  # noqa: B009
+    return tuple(
+        leaf_node(
+            walk,
+            native,
+            name=part,
+            path=path,
+            slots=served,
+            regroup=regroup,
+            leaf=part_leaf,
+            attached=True,
+        )
+        for part, (part_leaf, served) in found.items()
+    )
 
 
 def _standalone_slots(native: Any, buffers: Any) -> dict[int, int]:
@@ -273,19 +310,27 @@ def leaf_node(
     role: Role | None = None,
     extra: Mapping[str, Scalar] | None = None,
     leaf: type[LeafAdapter] | None = None,
+    attached: bool = False,
 ) -> PoolManifest:
-    """A leaf pool: its declared buffers, then unknown tensors as opaque parts.
+    """A leaf pool: its declared buffers, its attached stores, then unknown tensors as opaque.
 
     The buffers are those ``leaf`` (the adapter class serving the pool) declares, or
-    the pool's family's adapter when no adapter was given.
+    the pool's family's adapter when no adapter was given. Stores the adapter serves as
+    components of the same native pool (``attached_parts``) become child nodes; such a
+    child (``attached=True``) leaves the pool's other tensors to its parent and names its
+    layout from the static ``layout_name`` hook (building its adapter would read the store
+    through the pool's properties).
     """
     family = family_of(native)
     spec = _leaf_spec(family, leaf)
     if spec is None:
         return opaque_node(walk, native, name=name, path=path, role=role)
-    node_role, parts = spec
-    size = int_or_none(static_attr(native, "size", None))
-    page = int_or_none(static_attr(native, "page_size", None))
+    node_role, parts, serving = spec
+    # An attached store (DSA's index keys) may page and size itself apart from its pool.
+    size = int_or_none(static_attr(native, getattr(serving, "size_attr", "size"), None))
+    page = int_or_none(static_attr(native, getattr(serving, "page_size_attr", "page_size"), None))
+    size = size or int_or_none(static_attr(native, "size", None))
+    page = page or int_or_none(static_attr(native, "page_size", None))
     if slots is None:
         slots = _standalone_slots(native, static_path(native, parts[0].attr, None))
     layers_of: dict[int, list[int]] = {}
@@ -333,19 +378,22 @@ def leaf_node(
                         alias_of=where,
                     )
                 )
-    claimed = frozenset(part.attr.split(".", 1)[0] for part in parts)
-    tensors.extend(walk.opaque(native, path, name, skip=claimed))
+    children = _attached_nodes(walk, native, serving, path=path, slots=slots, regroup=regroup)
+    if not attached:
+        claimed = frozenset(part.attr.split(".", 1)[0] for part in parts)
+        tensors.extend(walk.opaque(native, path, name, skip=claimed))
     return PoolManifest(
         name=name,
         path=path,
         role=role or node_role,
-        kind=None if family is None else family.kind,
+        kind=serving.kind if leaf is not None else (None if family is None else family.kind),
         native_class=qualified_name(type(native)),
         layer_ids=tuple(sorted(slots)),
         page_size=page,
         token_capacity=size,
-        layout=_layout_name(native),
+        layout=serving.layout_name(native) if attached else _layout_name(native, leaf),
         tensors=tuple(tensors),
+        children=children,
         details=details_of(native, **(extra or {})),
     )
 

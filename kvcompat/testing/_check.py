@@ -37,7 +37,7 @@ from kvcompat._errors import (
     LayerOutOfRangeError,
     NoValueBufferError,
 )
-from kvcompat._protocol import KVPoolProtocol
+from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import adapt
 from kvcompat.layouts import dequantize, quantize
 from kvcompat.layouts._addressing import gather_rows
@@ -179,10 +179,13 @@ def check_pool(pool: Any, *, raise_on_failure: bool = True, tokens: int = 3) -> 
 
 
 def _leaves(pool: KVPoolProtocol, prefix: str) -> Iterator[tuple[str, KVPoolProtocol]]:
+    """Every pool that serves buffers itself: a leaf, and each of its or a composite's parts.
+
+    A leaf may have parts of its own (a DSA pool's ``indexer``): both are checked.
+    """
     components = pool.components
-    if not components:
+    if not components or pool.kind is not PoolKind.COMPOSITE:
         yield prefix or type(getattr(pool, "native", pool)).__name__, pool
-        return
     for name, part in components.items():
         yield from _leaves(part, f"{prefix}{name}" if not prefix else f"{prefix}.{name}")
 

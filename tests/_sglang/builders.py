@@ -52,6 +52,7 @@ __all__ = [
     "build_mha_pool",
     "build_minimax_sparse_pool",
     "build_mla_pool",
+    "build_nsa_pool",
     "build_swa_pool",
     "end_layer_kwargs",
     "radix_layer",
@@ -221,6 +222,29 @@ def build_dsa_pool(
 ) -> Any:
     """``DSATokenToKVPool`` (bf16 latent, so not the packed 656-byte fp8 row) + index-K cache."""
     return pool_class("DSATokenToKVPool")(
+        size=SIZE,
+        page_size=DSA_PAGE,
+        kv_lora_rank=KV_LORA_RANK,
+        dtype=torch.bfloat16,
+        qk_rope_head_dim=QK_ROPE,
+        layer_num=layer_num,
+        device=DEVICE,
+        index_head_dim=DSA_INDEX_HEAD_DIM,
+        enable_memory_saver=False,
+        kv_cache_dim=DSA_KV_CACHE_DIM,
+        **_stage(start_layer, layer_num, end_layer),
+    )
+
+
+def build_nsa_pool(
+    *,
+    start_layer: int = 0,
+    layer_num: int = 2,
+    end_layer: EndLayer = STAGE_END,
+) -> Any:
+    """``NSATokenToKVPool``: SGLang 0.5.12's name for the DSA pool (bf16 latent + index keys
+    in an ``index_k_with_scale_buffer`` list); ReleaseLacks on 0.5.13 on."""
+    return pool_class("NSATokenToKVPool")(
         size=SIZE,
         page_size=DSA_PAGE,
         kv_lora_rank=KV_LORA_RANK,

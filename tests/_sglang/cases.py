@@ -311,6 +311,9 @@ def _all_cases() -> tuple[PoolCase, ...]:
     cases += _stage_variants(
         "DSATokenToKVPool", "latent", b.build_dsa_pool, _latent("index_k_with_scale_buffer")
     )
+    cases += _stage_variants(  # 0.5.12's DSA pool (a skip on every later release)
+        "NSATokenToKVPool", "latent", b.build_nsa_pool, _latent("index_k_with_scale_buffer")
+    )
     for start, full_ids in ((0, (1, 3)), (4, (5, 7))):
         cases.append(
             PoolCase(

@@ -154,9 +154,14 @@ def _every_component(pool: kvcompat.KVPoolProtocol) -> list[tuple[kvcompat.KVPoo
             try:
                 part.layout(layer)
             except kvcompat.LayoutError:
-                continue  # indexer keys: no codec yet
+                continue  # a part kvcompat has no codec for
             found.append((part, layer))
     return found
+
+
+def _leaf_and_parts(pool: kvcompat.KVPoolProtocol) -> list[tuple[kvcompat.KVPoolProtocol, int]]:
+    """A leaf pool with parts of its own (a DSA pool's indexer): the leaf, then each part."""
+    return [(pool, pool.layer_ids[0]), *_every_component(pool)]
 
 
 def _builders() -> Any:
@@ -193,7 +198,12 @@ REAL_CASES = [
     ),
     Case("sglang-k-only", lambda: _builders().build_k_only_pool(), real=True),
     Case("sglang-mla", lambda: _builders().build_mla_pool(start_layer=1), real=True),
-    Case("sglang-dsa-bf16", lambda: _builders().build_dsa_pool(), real=True),
+    Case(
+        "sglang-dsa-bf16",
+        lambda: _builders().build_dsa_pool(start_layer=1),
+        real=True,
+        targets=_leaf_and_parts,
+    ),
     # V4 is the default layout, and the only one before 0.5.21 (no kv_layout parameter).
     Case("sglang-dsv4-v4", lambda: _builders().build_dsv4_single_pool(), real=True),
     *(

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import types
 from typing import Any
@@ -38,7 +39,9 @@ CASE_PARAMS = [c.param for c in ALL_CASES]
 
 def _leaves(pool: kvcompat.KVPoolProtocol) -> list[Any]:
     """(leaf adapter, layer) of every leaf that has a codec."""
-    parts = list(pool.components.values()) or [pool]
+    parts = list(pool.components.values())
+    if pool.kind is not kvcompat.PoolKind.COMPOSITE:
+        parts.insert(0, pool)  # a leaf, with its own parts if any (a DSA pool's indexer)
     found = []
     for part in parts:
         layer = part.layer_ids[0]
@@ -48,6 +51,15 @@ def _leaves(pool: kvcompat.KVPoolProtocol) -> list[Any]:
             continue
         found.append((part, layer))
     return found
+
+
+def _list_owner(native: Any, attr: str) -> tuple[Any, str]:
+    """Where the list ``native.<attr>`` can be replaced: the pool, or, when ``attr`` is a
+    read-only property over another object's list (DSA's ``index_k_with_scale_buffer``
+    over ``index_key_cache.buffer``), that object."""
+    if isinstance(inspect.getattr_static(type(native), attr, None), property):
+        return native.index_key_cache, "buffer"
+    return native, attr
 
 
 @pytest.mark.parametrize("case", CASE_PARAMS)
@@ -65,7 +77,9 @@ def test_replaced_elements_and_lists_are_followed(case: Case) -> None:
                 if how == "element":
                     listing[slot] = new
                 else:
-                    setattr(native, attr, [new if i == slot else t for i, t in enumerate(listing)])
+                    replaced = [new if i == slot else t for i, t in enumerate(listing)]
+                    owner, name = _list_owner(native, attr)
+                    setattr(owner, name, replaced)
                 key = part.get_key_buffer(layer, wait=False)
                 value = part.get_value_buffer(layer, wait=False) if part.kind.has_values else None
                 pair = part.get_kv_buffer(layer, wait=False) if part.kind.has_values else None
@@ -100,8 +114,9 @@ def _clear(native: Any, part: Any) -> None:
 
 @pytest.mark.parametrize("case", CASE_PARAMS)
 def test_cleared_buffers_raise_pool_state_error(case: Case) -> None:
-    pool = kvcompat.adapt(case.build())
-    for part, layer in _leaves(pool):
+    for index in range(len(_leaves(kvcompat.adapt(case.build())))):
+        # Each part on a pool of its own: clearing one part's pool releases its parts' too.
+        part, layer = _leaves(kvcompat.adapt(case.build()))[index]
         write = valid_write(part, layer)
         _clear(part.native, part)
         calls: dict[str, tuple[Any, tuple[Any, ...]]] = {

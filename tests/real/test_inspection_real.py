@@ -183,17 +183,23 @@ def test_layer_ids_agree_with_the_adapter(adaptable_case: str) -> None:
     manifest = describe(native)
     assert manifest.layer_ids == adapter.layer_ids
     assert manifest.kind is adapter.kind
-    parts = adapter.components or {manifest.name: adapter}
+    # A leaf may carry parts of its own (a DSA pool's indexer): the leaf and each part.
+    parts = dict(adapter.components)
+    if adapter.kind is not kvcompat.PoolKind.COMPOSITE:
+        parts[manifest.name] = adapter
     nodes = {node.name: node for node in manifest.walk()}
     for name, part in parts.items():
         node = nodes[name]
         assert node.layer_ids == part.layer_ids, name
         assert isinstance(part, LeafAdapter)
-        primary = [e for e in node.tensors if e.path.endswith(f"{part.source_attr}[0]")]
+        # The source list, or the storage it is a property over (IndexKeyCache.buffer).
+        key_role = type(part).buffers[0].role
+        attrs = {part.source_attr, *(b.attr for b in type(part).buffers if b.role == key_role)}
+        primary = [e for e in node.tensors if any(e.path.endswith(f"{a}[0]") for a in attrs)]
         assert primary or not part.layer_ids, name
         for layer, slot in part.storage_slots.items():
-            path = f"{node.path}.{part.source_attr}[{slot}]".lstrip(".")
-            entry = next(e for e in node.tensors if e.path == path)
+            paths = {f"{node.path}.{a}[{slot}]".lstrip(".") for a in attrs}
+            entry = next(e for e in node.tensors if e.path in paths)
             assert layer in entry.layer_ids, (name, layer, entry.layer_ids)
             key = part.get_key_buffer(layer, wait=False)
             assert key.data_ptr() == entry.data_ptr, (name, layer)

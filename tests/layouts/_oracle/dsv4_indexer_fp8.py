@@ -96,3 +96,63 @@ def dsa_index_k_cache_store() -> Result:
     if not torch.equal(back, codes.view(torch.float8_e4m3fn).float() * scales.view(torch.float32)):
         problems.append("read is not fp32(e4m3) * scale")
     return fail_or_pass(problems, f"{loc.numel()} tokens, page {page}: byte-identical")
+
+
+def _dsa_or_nsa_pool(start_layer: int) -> object:
+    """A DSA pool of the installed release: ``DSATokenToKVPool``, or 0.5.12's
+    ``NSATokenToKVPool`` (ReleaseLacks when it has neither)."""
+    from _sglang.builders import build_dsa_pool, build_nsa_pool
+    from _sglang.features import has_class
+
+    build = build_dsa_pool if has_class("DSATokenToKVPool") else build_nsa_pool
+    return build(start_layer=start_layer, layer_num=2)
+
+
+@check(
+    DSV4_INDEXER_FP8,
+    code="`DSATokenToKVPool.set_index_k_scale_buffer` vs kvcompat "
+    "`adapt(pool).components['indexer'].write`",
+    compared="placement at `index_page_size` (start_layer 2, out-of-order locs over pages), "
+    "scales, every other byte of the index keys and the latent rows",
+)
+def dsa_indexer_component_store() -> Result:
+    """kvcompat's ``indexer`` component of a real DSA pool (``start_layer=2``) writes what the
+    pool's own ``set_index_k_scale_buffer`` (SGLang's Triton ``SetKAndS``, interpreter)
+    writes when handed the codes and scales kvcompat's codec computes (the torch twin):
+    the ``uint8`` views of every layer's index keys are equal, so is every latent row, and
+    the component reads back ``fp32(e4m3) * scale``."""
+    from _sglang.features import ReleaseLacks
+
+    import kvcompat
+
+    theirs, ours = _dsa_or_nsa_pool(2), _dsa_or_nsa_pool(2)
+    writer = getattr(theirs, "set_index_k_scale_buffer", None)
+    if writer is None:
+        raise ReleaseLacks(f"{type(theirs).__name__}.set_index_k_scale_buffer")
+    for pool in (theirs, ours):
+        for layer, buf in enumerate(pool.index_k_with_scale_buffer):
+            noise = torch.randint(0, 256, buf.shape, generator=torch.Generator().manual_seed(layer))
+            buf.copy_(noise.to(torch.uint8))
+    part = kvcompat.adapt(ours).components["indexer"]
+    capacity = ours.index_k_with_scale_buffer[1].shape[0] * part.page_size
+    # Out of order, across every page; the last row of the last page is included.
+    loc = torch.randperm(capacity, generator=torch.Generator().manual_seed(6))[:11]
+    loc[0] = capacity - 1
+    values = tile_values(loc.numel(), 128, 128, seed=13, dtype=torch.bfloat16)
+    codes, scales = DSV4_INDEXER_FP8.codec.encode(DSV4_INDEXER_FP8, values, fnuz=False)
+    writer(3, loc, codes.view(torch.float8_e4m3fn), scales.view(torch.float32).reshape(-1))
+    part.write(3, loc, values, impl="torch")
+    problems = [
+        f"{name}[{slot}] bytes differ"
+        for name in ("index_k_with_scale_buffer", "kv_buffer")
+        for slot in (0, 1)
+        if not torch.equal(
+            getattr(theirs, name)[slot].view(torch.uint8),
+            getattr(ours, name)[slot].view(torch.uint8),
+        )
+    ]
+    back = part.read(3, loc, impl="torch").reshape(loc.numel(), -1)
+    expected = codes.view(torch.float8_e4m3fn).float() * scales.view(torch.float32)
+    if not torch.equal(back, expected):
+        problems.append("read is not fp32(e4m3) * scale")
+    return fail_or_pass(problems, f"{loc.numel()} tokens, start_layer 2: byte-identical")
