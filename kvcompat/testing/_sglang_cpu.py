@@ -140,6 +140,7 @@ class SGLangCPU:
             ``"shim"`` (kvcompat's import shim serves ``torchvision``).
         reason: why the shim is in use: torchvision is not installed, or the error its
             import raised; None with a real torchvision.
+        shimmed: (a property) whether the shim serves ``torchvision``.
 
     Example:
         >>> from kvcompat.testing import SGLangCPU
