@@ -572,52 +572,72 @@ def _import_error(module_name: str, exc: Exception) -> str:
     return f"{head}; {_sglang_import_fix(missing, torchvision, shim_ok=False)}"
 
 
-def _import_in_child(shim_file: Path | None, timeout: float) -> dict[str, Any]:
-    """One child process's try at importing SGLang's pool modules (see ``_IMPORT_PROBE``)."""
-    cache = tempfile.mkdtemp(prefix="kvcompat-doctor-")
-    env = {**os.environ, "SGLANG_CACHE_DIR": cache, "SGLANG_JIT_CACHE_DIR": cache}
-    argument = _json.dumps([list(_SGLANG_POOL_MODULES), shim_file and str(shim_file)])
-    try:
-        child = subprocess.run(  # noqa: S603 -- this interpreter, our own probe
+class _ImportChild:
+    """One child process's try at importing SGLang's pool modules (see ``_IMPORT_PROBE``).
+
+    The child gets this interpreter and environment, with SGLang's cache folders pointed at
+    a temporary folder (deleted by :meth:`report`) so that the probe writes nothing of its own.
+    """
+
+    def __init__(self, shim_file: Path | None) -> None:
+        self._cache = tempfile.mkdtemp(prefix="kvcompat-doctor-")
+        env = {**os.environ, "SGLANG_CACHE_DIR": self._cache, "SGLANG_JIT_CACHE_DIR": self._cache}
+        argument = _json.dumps([list(_SGLANG_POOL_MODULES), shim_file and str(shim_file)])
+        self._child = subprocess.Popen(  # noqa: S603 -- this interpreter, our own probe
             [sys.executable, "-c", _IMPORT_PROBE, argument],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            check=False,
             env=env,
-            timeout=timeout,
         )
-    except subprocess.TimeoutExpired:
-        error = f"the import took longer than {timeout:.0f} s"
-    else:
-        lines = child.stdout.strip().splitlines()
+
+    def cancel(self) -> None:
+        """Stop the child (its answer is not needed) and delete its cache folder."""
+        self._child.kill()
+        self._child.communicate()
+        shutil.rmtree(self._cache, ignore_errors=True)
+
+    def report(self, timeout: float) -> dict[str, Any]:
+        """Wait for the child; its JSON line, or what went wrong."""
         try:
-            report: dict[str, Any] = _json.loads(lines[-1])
-        except (IndexError, ValueError):
-            tail = (child.stderr.strip().splitlines() or ["(no output)"])[-1]
-            error = f"the child process exited {child.returncode}: {tail}"
+            stdout, stderr = self._child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.communicate()
+            error = f"the import took longer than {timeout:.0f} s"
         else:
-            return report
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
-    return {"ok": False, "module": None, "error": error, "missing": None, "torchvision": False}
+            lines = stdout.strip().splitlines()
+            try:
+                report: dict[str, Any] = _json.loads(lines[-1])
+            except (IndexError, ValueError):
+                tail = (stderr.strip().splitlines() or ["(no output)"])[-1]
+                error = f"the child process exited {self._child.returncode}: {tail}"
+            else:
+                return report
+        finally:
+            shutil.rmtree(self._cache, ignore_errors=True)
+        return {"ok": False, "module": None, "error": error, "missing": None, "torchvision": False}
 
 
 @functools.cache
 def _sglang_import_check(timeout: float = 600.0) -> Mapping[str, Any]:
     """Import SGLang's pool modules in a child process: what fails, why, and the fix.
 
-    The child gets this interpreter and environment, with SGLang's cache folders pointed at
-    a temporary folder (deleted afterwards) so that the probe writes nothing of its own.
     When torchvision is the culprit, a second child tries again with
-    :func:`kvcompat.testing.sglang_cpu`. Asked once per process (each import takes
-    seconds); callers copy the answer.
+    :func:`kvcompat.testing.sglang_cpu` (started alongside the first where torchvision is
+    not installed at all, so the two imports overlap). Asked once per process (each import
+    takes seconds); callers copy the answer.
     """
     started = time.perf_counter()
-    report = _import_in_child(None, timeout)
+    shim_file = Path(__file__).resolve().parents[1] / "testing" / "_sglang_cpu.py"
+    plain = _ImportChild(None)
+    early = _ImportChild(shim_file) if _package_dir("torchvision") is None else None
+    report = plain.report(timeout)
     shim: dict[str, Any] | None = None
     if report["torchvision"]:
-        shim_file = Path(__file__).resolve().parents[1] / "testing" / "_sglang_cpu.py"
-        shim = _import_in_child(shim_file, timeout)
+        shim = (early or _ImportChild(shim_file)).report(timeout)
+    elif early is not None:
+        early.cancel()
     shim_ok = bool(shim and shim["ok"])
     if shim is not None and not shim_ok:
         shim["fix"] = _sglang_import_fix(shim["missing"], shim["torchvision"], shim_ok=False)
