@@ -1,20 +1,28 @@
 """Build the wheel and use it as a new user would: ``make wheel-check`` (part of ``make test``).
 
-1. Builds the wheel from this checkout (``pip wheel --no-deps --no-build-isolation``).
-2. A clean venv with only the pinned CPU torch (``requirements/torch-cpu.txt``) plus the
-   wheel: ``pip check``, then ``kvcompat --version``, ``demo``, ``doctor`` (text and
-   JSON), ``scan`` and every example, run from a temporary folder outside the checkout
-   (so the checkout is never imported). No command may print torch's "Failed to
-   initialize NumPy" warning, or anything else on stderr.
+1. The install block of ``docs/quickstart.md`` (the fenced block after the
+   ``<!-- install-commands`` marker, the same on README.md and docs/index.md), line by line,
+   in a clean venv and a temporary folder outside the checkout: the CPU torch first, the
+   wheel built from this checkout into ``dist/``, ``pip install dist/kvcompat-*.whl``,
+   ``kvcompat demo``. Two lines cannot run verbatim here and are said so when they run:
+   the ``pip wheel ... .`` line builds from this checkout without an isolated build env (no
+   download); and ``--index-url https://download.pytorch.org/whl/cpu`` is dropped when that
+   host does not resolve (CI's machines reach PyPI only; their pip configuration serves the
+   same CPU wheel from a local folder). The torch installed must then be the page's pinned
+   version, the pin of ``requirements/torch-cpu.txt``, and a CPU build (no CUDA).
+2. In that venv: ``pip check``, then ``kvcompat --version``, ``demo``, ``doctor`` (text and
+   JSON), ``scan`` and every example, run from the temporary folder (so the checkout is
+   never imported). No command may print torch's "Failed to initialize NumPy" warning, or
+   anything else on stderr.
 3. The torch-free CI recipe of ``docs/scan.md``, read from the page: its workflow step's
    commands run in a venv without torch (the wheel stands for ``kvcompat`` in the
    ``pip install`` line, a probe file for ``src/``); ``kvcompat --version`` and
    ``--help`` work there too, and ``kvcompat demo`` fails with one line naming
    ``pip install torch``.
 
-The clean venvs live in ``.wheel-check/`` and are rebuilt when the pins change (the torch
-install is most of the first run's time); the wheel is reinstalled every run.
-Prints the wall time of each step.
+The clean venvs live in ``.wheel-check/`` and are kept between local runs (the torch
+install is most of the first run's time; kvcompat is uninstalled before the page's lines
+run again). Prints the wall time of each step.
 """
 
 from __future__ import annotations
@@ -22,18 +30,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".wheel-check"
 PINS = ROOT / "requirements" / "torch-cpu.txt"
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 SCAN_PAGE = ROOT / "docs" / "scan.md"
+INSTALL_PAGE = ROOT / "docs" / "quickstart.md"
+INSTALL_MARKER = "<!-- install-commands"
 NUMPY_WARNING = "Failed to initialize NumPy"
 
 
@@ -94,20 +107,114 @@ def build_wheel(dist: Path) -> Path:
     """The wheel of this checkout, built without network or an isolated build env."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     cmd = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)]
+    dist.mkdir(parents=True, exist_ok=True)
     subprocess.run(cmd, check=True, cwd=dist)
     (wheel,) = dist.glob("kvcompat-*.whl")
     return wheel
 
 
-def check_with_torch(wheel: Path, outside: Path) -> None:
-    """The clean venv with the pinned CPU torch runs every command and example."""
+def install_commands(text: str) -> list[str]:
+    """The commands of the fenced block after the install marker, without their comments."""
+    if INSTALL_MARKER not in text:
+        msg = f"no {INSTALL_MARKER} marker on the page"
+        raise CheckError(msg)
+    after = text[text.index(INSTALL_MARKER) :]
+    after = after[after.index("\n") + 1 :]
+    if not after.startswith("```bash\n"):
+        msg = f"the line after {INSTALL_MARKER} ... --> must open a ```bash block"
+        raise CheckError(msg)
+    body = after[len("```bash\n") : after.index("\n```", len("```bash"))]
+    commands = []
+    for line in body.splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            commands.append(" ".join(words))
+    return commands
+
+
+def _resolves(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def page_steps(commands: list[str], *, reachable: bool | None = None) -> list[tuple[str, str]]:
+    """``(kind, command)`` for each line of the install block.
+
+    ``torch`` and ``shell`` lines run in the venv's shell; ``build`` is this checkout's
+    wheel build into ``dist/``. ``--index-url URL`` is dropped from the ``torch`` line when
+    URL's host does not resolve (``reachable`` overrides the look-up, for tests).
+    """
+    steps: list[tuple[str, str]] = []
+    for command in commands:
+        words = command.split()
+        if words[:2] == ["pip", "wheel"]:
+            if words[2:] != ["--no-deps", "-w", "dist", "."]:
+                msg = f"the page's build line changed ({command}): update .ci/wheel_check.py"
+                raise CheckError(msg)
+            steps.append(("build", command))
+        elif words[:2] == ["pip", "install"] and any(w.startswith("torch==") for w in words):
+            if "--index-url" in words:
+                at = words.index("--index-url")
+                url = words[at + 1]
+                if not (_resolves(url) if reachable is None else reachable):
+                    words = words[:at] + words[at + 2 :]
+            steps.append(("torch", " ".join(words)))
+        else:
+            steps.append(("shell", command))
+    return steps
+
+
+def follow_install_page(venv: Path, outside: Path) -> Path:
+    """Run the install block of docs/quickstart.md in ``venv``; returns the built wheel."""
+    commands = install_commands(INSTALL_PAGE.read_text(encoding="utf-8"))
+    env = _clean_env()
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # as if activated
+    env["VIRTUAL_ENV"] = str(venv)
+    wheel: Path | None = None
+    for kind, command in page_steps(commands):
+        started = time.perf_counter()
+        if kind == "build":
+            wheel = build_wheel(outside / "dist")
+            _step(
+                f"page: {command} (built {wheel.name}: this checkout, no build isolation)", started
+            )
+            continue
+        if kind == "torch" and command not in commands:
+            print(f"wheel-check: page: torch's CPU index does not resolve here: {command}")
+        result = _run(["sh", "-c", command], cwd=outside, env=env)
+        _quiet(result, command)
+        if kind == "shell" and command.startswith("kvcompat") and result.stderr:
+            msg = f"{command} printed on stderr:\n{result.stderr[-2000:]}"
+            raise CheckError(msg)
+        _step(f"page: {command}", started)
+    if wheel is None:
+        msg = f"{INSTALL_PAGE.name}'s install block builds no wheel: {commands}"
+        raise CheckError(msg)
+    probe = "import torch; print(torch.__version__, torch.version.cuda)"
+    found = _run([str(venv / "bin" / "python"), "-c", probe], cwd=outside, env=env)
+    version, cuda = found.stdout.split()
+    if version.split("+")[0] != _pinned("torch") or cuda != "None":
+        msg = f"the page installed torch {version} (CUDA {cuda}), not the CPU build of the pin"
+        raise CheckError(msg)
+    return wheel
+
+
+def check_with_torch(outside: Path) -> Path:
+    """The install page's commands in a clean venv, then every command and example there."""
     started = time.perf_counter()
-    venv = _venv("torch", ["-r", str(PINS)])
+    venv = _venv("torch", [])
     py, kv = str(venv / "bin" / "python"), str(venv / "bin" / "kvcompat")
     pip = [py, "-m", "pip", "--disable-pip-version-check"]
-    _run([*pip, "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], cwd=outside)
-    _run([*pip, "check"], cwd=outside)  # the pins satisfy every declared dependency
-    _step("clean venv with CPU torch + the wheel", started)
+    _run([*pip, "uninstall", "-q", "-y", "kvcompat"], cwd=outside)  # a kept venv's old build
+    _step("clean venv", started)
+    wheel = follow_install_page(venv, outside)
+    started = time.perf_counter()
+    _run([*pip, "check"], cwd=outside)  # the page's installs satisfy every declared dependency
+    _step("pip check", started)
     env = _clean_env()
     where = _run([py, "-c", "import kvcompat; print(kvcompat.__file__)"], cwd=outside, env=env)
     if not where.stdout.strip().startswith(str(venv)):
@@ -152,6 +259,7 @@ def check_with_torch(wheel: Path, outside: Path) -> None:
         msg = f"kvcompat scan printed no summary:\n{scanned.stdout[-2000:]}"
         raise CheckError(msg)
     _step("kvcompat scan of the examples", started)
+    return wheel
 
 
 def ci_recipe() -> list[str]:
@@ -239,14 +347,10 @@ def main() -> int:
     total = time.perf_counter()
     WORK.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvcompat-wheel-check-") as tmp:
-        dist, outside = Path(tmp) / "dist", Path(tmp) / "outside"
-        dist.mkdir()
+        outside = Path(tmp) / "outside"
         outside.mkdir()
-        started = time.perf_counter()
-        wheel = build_wheel(dist)
-        _step(f"built {wheel.name}", started)
         try:
-            check_with_torch(wheel, outside)
+            wheel = check_with_torch(outside)
             check_without_torch(wheel, outside)
         except CheckError as exc:
             print(f"wheel-check: FAILED: {exc}", file=sys.stderr)

@@ -88,11 +88,12 @@ class UnsupportedPoolError(KVCompatError, TypeError):
 
     Example:
         >>> import kvcompat
+        >>> class Cache: ...
         >>> try:
-        ...     kvcompat.adapt(42)
+        ...     kvcompat.adapt(Cache())
         ... except TypeError as exc:
         ...     print(exc.args[0].splitlines()[0])
-        kvcompat does not know how to adapt an object of type builtins.int.
+        kvcompat does not know how to adapt an object of type __main__.Cache.
     """
 
 
@@ -168,3 +169,10 @@ class KernelUnavailableError(KVCompatError, NotImplementedError):
         >>> issubclass(kvcompat.KernelUnavailableError, RuntimeError)
         True
     """
+
+
+# Users import these from ``kvcompat``: tracebacks, ``repr(type(exc))``, pickles and the API
+# reference name them there, not in this private module (pickle finds them there too).
+for _name in __all__:
+    globals()[_name].__module__ = "kvcompat"
+del _name

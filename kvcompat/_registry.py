@@ -15,6 +15,7 @@ read without one (a dict lookup is atomic).
 from __future__ import annotations
 
 import inspect
+import reprlib
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -227,6 +228,31 @@ def family_of(obj: Any) -> Family | None:
     return known
 
 
+_THE_POOL = (
+    "the pool object itself (in SGLang, model_runner.token_to_kv_pool: an MHATokenToKVPool, "
+    "a DeepSeekV4TokenToKVPool, ...; the supported-pools page lists them)"
+)
+
+
+def _not_a_pool(obj: Any, cls: type) -> str | None:
+    """The message for None, a builtin value or container, or a tensor; None for other types."""
+    if any(c.__module__ == "torch" and c.__name__ == "Tensor" for c in cls.__mro__):
+        shape = list(getattr(obj, "shape", ()))
+        return (
+            f"adapt() takes a KV pool, got a tensor ({qualified_name(cls)}, shape {shape}, "
+            f"dtype {getattr(obj, 'dtype', '?')}): a tensor is a pool's buffer, not a pool.\n"
+            f"Hint: pass {_THE_POOL}, not one of its buffers."
+        )
+    if cls.__module__ != "builtins":
+        return None
+    got = "None" if obj is None else f"{cls.__name__} {reprlib.repr(obj)}"
+    return (
+        f"adapt() takes a KV pool, got {got}: a builtin value or container is not a pool.\n"
+        f"Hint: pass {_THE_POOL}; adapt the pools of a list or dict one by one; None "
+        "often means the pool has not been built yet."
+    )
+
+
 def _unsupported(obj: Any, family: Family | None) -> UnsupportedPoolError:
     cls = obj if isinstance(obj, type) else type(obj)
     name = qualified_name(cls)
@@ -238,6 +264,9 @@ def _unsupported(obj: Any, family: Family | None) -> UnsupportedPoolError:
             f'kvcompat.register_adapter("{name}", "<supported class qualname>").'
         )
         return UnsupportedPoolError(msg)
+    not_a_pool = _not_a_pool(obj, cls)
+    if not_a_pool is not None:
+        return UnsupportedPoolError(not_a_pool)
     msg = (
         f"kvcompat does not know how to adapt an object of type {name}.\n"
         "Hint: pass an SGLang KV pool (see the supported-pools page), or teach kvcompat "

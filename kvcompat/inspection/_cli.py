@@ -3,22 +3,30 @@
 ``kvcompat.cli`` wires them into the command line; each takes the stream to
 print to and returns the process exit status.
 
-``doctor`` never imports sglang or triton: versions come from package
-metadata, and SGLang's ``KVCache`` subclasses are found by reading the
-installed source with :mod:`ast`.
+``doctor`` never imports sglang or triton into its own process: versions come
+from package metadata, SGLang's ``KVCache`` subclasses are found by reading the
+installed source with :mod:`ast`, and whether SGLang's pool modules import is
+tried in a child process.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import importlib.metadata
 import importlib.util
 import inspect
 import json as _json
+import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +50,12 @@ __all__ = [
     "run_inspect",
 ]
 
-_ENGINES = ("sglang", "vllm", "tensorrt-llm")
+# The engines kvcompat supports (vLLM is planned: its pools are not adapted yet).
+_ENGINES = ("sglang",)
 _SOURCES = ("demo",)
 
 
+_REAL_SGLANG_PAGE = "the docs page 'Real SGLang pools on a CPU' (docs/real-sglang.md)"
 _SGLANG_POOL_MODULES = (
     "sglang.srt.mem_cache.memory_pool",
     "sglang.srt.mem_cache.swa_memory_pool",
@@ -115,9 +125,8 @@ def build_sglang_pool(class_name: str, kwargs: Mapping[str, Any]) -> Any:
     for module_name in module_names:
         try:
             module = importlib.import_module(module_name)
-        except ImportError as exc:
-            msg = f"cannot import {module_name} ({exc}); is SGLang installed?"
-            raise ValueError(msg) from None
+        except Exception as exc:  # noqa: BLE001 -- a broken dependency raises anything
+            raise ValueError(_import_error(module_name, exc)) from None
         cls = getattr(module, name, None)
         if cls is not None:
             break
@@ -494,6 +503,155 @@ def _package_dir(name: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+# Run by ``python -c`` in a child process (argv[1]: JSON of the module names and, for the
+# second try, the file of kvcompat's torchvision shim, loaded from its file so that the child
+# needs nothing but this interpreter): imports SGLang's pool modules, prints one JSON line.
+_IMPORT_PROBE = """
+import importlib, importlib.util, json, sys, traceback, warnings
+warnings.simplefilter("ignore")
+modules, shim_file = json.loads(sys.argv[1])
+result = {"ok": True, "module": None, "error": None, "missing": None, "torchvision": False}
+if shim_file:
+    spec = importlib.util.spec_from_file_location("_kvcompat_sglang_cpu", shim_file)
+    shim = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = shim
+    spec.loader.exec_module(shim)
+    result["said"] = str(shim.sglang_cpu())
+for name in modules:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        files = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+        missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        torchvision = (missing or "").split(".")[0] == "torchvision" or any(
+            "torchvision" in where for where in files) or "torchvision" in text
+        result.update(ok=False, module=name, error=text, missing=missing, torchvision=torchvision)
+        break
+print(json.dumps(result))
+"""
+
+
+def _sglang_import_fix(missing: str | None, torchvision: bool, shim_ok: bool) -> str:
+    """The hint for a failed import of SGLang's pool modules."""
+    if torchvision:
+        fix = (
+            "SGLang's pool modules import torchvision (sglang.srt.configs), and no working "
+            f"one imports here. Hint: install a torchvision built for torch {torch.__version__}, "
+            "or call kvcompat.testing.sglang_cpu() before importing sglang (an import-only "
+            "torchvision shim for CPU machines"
+        )
+        fix += ", which makes them import here)" if shim_ok else ")"
+        return f"{fix}; see {_REAL_SGLANG_PAGE}."
+    if missing:
+        return (
+            f"SGLang's pool modules need the module {missing!r}, which is not installed. "
+            f"Hint: install the distribution that provides it; with sglang installed "
+            "--no-deps on a CPU machine, the light packages those modules import are pinned "
+            "in requirements/sglang-cpu.txt of a kvcompat checkout "
+            f"(pip install --no-deps -r requirements/sglang-cpu.txt); see {_REAL_SGLANG_PAGE}."
+        )
+    return f"The error comes from SGLang's own import; see {_REAL_SGLANG_PAGE}."
+
+
+def _import_error(module_name: str, exc: Exception) -> str:
+    """``cannot import M (error); `` and what is missing, with the fix."""
+    missing = exc.name if isinstance(exc, ImportError) else None
+    head = f"cannot import {module_name} ({type(exc).__name__}: {exc})"
+    if isinstance(exc, ModuleNotFoundError):
+        head = f"cannot import {module_name} ({exc})"
+    top = module_name.split(".", maxsplit=1)[0]
+    if missing == top:
+        where = f"; see {_REAL_SGLANG_PAGE} for a CPU machine" if top == "sglang" else ""
+        return f"{head}; {top} is not installed. Hint: pip install {top}{where}."
+    frames = traceback.extract_tb(exc.__traceback__)
+    torchvision = (missing or "").split(".")[0] == "torchvision" or any(
+        "torchvision" in frame.filename for frame in frames
+    )
+    torchvision = torchvision or "torchvision" in str(exc)
+    return f"{head}; {_sglang_import_fix(missing, torchvision, shim_ok=False)}"
+
+
+class _ImportChild:
+    """One child process's try at importing SGLang's pool modules (see ``_IMPORT_PROBE``).
+
+    The child gets this interpreter and environment, with SGLang's cache folders pointed at
+    a temporary folder (deleted by :meth:`report`) so that the probe writes nothing of its own.
+    """
+
+    def __init__(self, shim_file: Path | None) -> None:
+        self._cache = tempfile.mkdtemp(prefix="kvcompat-doctor-")
+        env = {**os.environ, "SGLANG_CACHE_DIR": self._cache, "SGLANG_JIT_CACHE_DIR": self._cache}
+        argument = _json.dumps([list(_SGLANG_POOL_MODULES), shim_file and str(shim_file)])
+        self._child = subprocess.Popen(  # noqa: S603 -- this interpreter, our own probe
+            [sys.executable, "-c", _IMPORT_PROBE, argument],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def cancel(self) -> None:
+        """Stop the child (its answer is not needed) and delete its cache folder."""
+        self._child.kill()
+        self._child.communicate()
+        shutil.rmtree(self._cache, ignore_errors=True)
+
+    def report(self, timeout: float) -> dict[str, Any]:
+        """Wait for the child; its JSON line, or what went wrong."""
+        try:
+            stdout, stderr = self._child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.communicate()
+            error = f"the import took longer than {timeout:.0f} s"
+        else:
+            lines = stdout.strip().splitlines()
+            try:
+                report: dict[str, Any] = _json.loads(lines[-1])
+            except (IndexError, ValueError):
+                tail = (stderr.strip().splitlines() or ["(no output)"])[-1]
+                error = f"the child process exited {self._child.returncode}: {tail}"
+            else:
+                return report
+        finally:
+            shutil.rmtree(self._cache, ignore_errors=True)
+        return {"ok": False, "module": None, "error": error, "missing": None, "torchvision": False}
+
+
+@functools.cache
+def _sglang_import_check(timeout: float = 600.0) -> Mapping[str, Any]:
+    """Import SGLang's pool modules in a child process: what fails, why, and the fix.
+
+    When torchvision is the culprit, a second child tries again with
+    :func:`kvcompat.testing.sglang_cpu` (started alongside the first where torchvision is
+    not installed at all, so the two imports overlap). Asked once per process (each import
+    takes seconds); callers copy the answer.
+    """
+    started = time.perf_counter()
+    shim_file = Path(__file__).resolve().parents[1] / "testing" / "_sglang_cpu.py"
+    plain = _ImportChild(None)
+    early = _ImportChild(shim_file) if _package_dir("torchvision") is None else None
+    report = plain.report(timeout)
+    shim: dict[str, Any] | None = None
+    if report["torchvision"]:
+        shim = (early or _ImportChild(shim_file)).report(timeout)
+    elif early is not None:
+        early.cancel()
+    shim_ok = bool(shim and shim["ok"])
+    if shim is not None and not shim_ok:
+        shim["fix"] = _sglang_import_fix(shim["missing"], shim["torchvision"], shim_ok=False)
+    report["shim"] = shim
+    report["fix"] = (
+        None
+        if report["ok"]
+        else _sglang_import_fix(report["missing"], report["torchvision"], shim_ok)
+    )
+    report["modules"] = list(_SGLANG_POOL_MODULES)
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    return report
+
+
 def _environment() -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     device_name = torch.cuda.get_device_name(0) if cuda else None
@@ -523,10 +681,14 @@ def _environment() -> dict[str, Any]:
 def run_doctor(out: TextIO, *, json: bool = False) -> int:
     """Print the environment kvcompat runs in, and how it sees the installed SGLang.
 
-    Reports Python, torch (version, CUDA, device), triton and the installed
-    engines; when SGLang is installed, every ``KVCache`` subclass in its
-    source with the kind kvcompat assigns it, or ``unsupported`` and why.
-    Neither sglang nor triton is imported.
+    Reports Python, torch (version, CUDA, device), triton and SGLang (the one
+    engine kvcompat supports; vLLM is planned); when SGLang is installed, every
+    ``KVCache`` subclass in its source with the kind kvcompat assigns it, or
+    ``unsupported`` and why, and whether SGLang's pool modules import: tried in
+    a child process, so that neither sglang nor triton is imported here. If
+    they do not import, it names the failing module and missing dependency and
+    the fix (for torchvision on a CPU machine: :func:`kvcompat.testing.sglang_cpu`,
+    retried with it).
 
     Args:
         out: where to print.
@@ -538,14 +700,18 @@ def run_doctor(out: TextIO, *, json: bool = False) -> int:
         >>> buf = io.StringIO()
         >>> run_doctor(buf, json=True)
         0
-        >>> sorted(json.loads(buf.getvalue()))
-        ['engines', 'kvcompat', 'python', 'seconds', 'sglang_classes', 'torch', 'triton']
+        >>> sorted(json.loads(buf.getvalue()))  # doctest: +NORMALIZE_WHITESPACE
+        ['engines', 'kvcompat', 'python', 'seconds', 'sglang_classes', 'sglang_import',
+         'torch', 'triton']
     """
     started = time.perf_counter()
     env = _environment()
     sglang_dir = _package_dir("sglang") if env["engines"]["sglang"] is not None else None
     classes = find_kvcache_classes(sglang_dir) if sglang_dir is not None else ()
     env["sglang_classes"] = [entry.to_dict() for entry in classes] if sglang_dir else None
+    env["sglang_import"] = (
+        copy.deepcopy(dict(_sglang_import_check())) if sglang_dir is not None else None
+    )
     env["seconds"] = round(time.perf_counter() - started, 3)
     if json:
         print(_json.dumps(env, indent=2), file=out)
@@ -565,7 +731,7 @@ def run_doctor(out: TextIO, *, json: bool = False) -> int:
     print(f"  torch    {torch_info['version']} ({cuda})", file=out)
     triton = triton_info["version"] or ("installed" if triton_info["installed"] else None)
     print(f"  triton   {triton or 'not installed'}", file=out)
-    print("engines", file=out)
+    print("engines (kvcompat supports SGLang; vLLM is planned)", file=out)
     for name, version in env["engines"].items():
         print(f"  {name:<12} {version or 'not installed'}", file=out)
     if sglang_dir is None:
@@ -585,5 +751,29 @@ def run_doctor(out: TextIO, *, json: bool = False) -> int:
         if entry.reason and entry.via == entry.qualname:
             answer += f": {entry.reason}"
         print(f"  {entry.qualname:<{width}}  {answer}", file=out)
+    _print_import_check(out, env["sglang_import"])
     print(f"({env['seconds']:.2f} s)", file=out)
     return 0
+
+
+def _print_import_check(out: TextIO, report: Mapping[str, Any]) -> None:
+    modules = len(report["modules"])
+    print(
+        f"SGLang's pool modules (imported in a child process, {report['seconds']:.1f} s):",
+        file=out,
+    )
+    if report["ok"]:
+        print(f"  all {modules} import: {', '.join(report['modules'])}", file=out)
+        return
+    where = f"{report['module']}: " if report["module"] else ""
+    print(f"  FAILED: {where}{report['error']}", file=out)
+    shim = report.get("shim")
+    if shim is not None:
+        said = "with kvcompat.testing.sglang_cpu()"
+        if shim["ok"]:
+            print(f"  {said}: all {modules} import ({shim.get('said')})", file=out)
+        else:
+            print(f"  {said}: FAILED: {shim['module']}: {shim['error']}", file=out)
+    print(f"  {report['fix']}", file=out)
+    if shim is not None and not shim["ok"]:
+        print(f"  then: {shim['fix']}", file=out)

@@ -1,7 +1,8 @@
-"""Test helpers: pure-torch reference pools with SGLang 0.5.23's behaviour.
+"""Test helpers: reference pools with SGLang 0.5.23's behaviour, and real SGLang on a CPU.
 
 :func:`check_pool` checks a pool or adapter (yours included) against kvcompat's
-promises and reports every failure.
+promises and reports every failure. :func:`sglang_cpu` lets SGLang's own pool modules import
+on a CPU-only machine (a torchvision import shim, only where no working torchvision imports).
 
 Use the reference pools to test code against the uniform API without installing SGLang. They
 are proven equal to the real classes (shapes, dtypes, page geometry,
@@ -26,6 +27,7 @@ from kvcompat.testing._reference import (
     ReferenceSWAKVPool,
     reference_swa_pool,
 )
+from kvcompat.testing._sglang_cpu import SGLangCPU, sglang_cpu
 
 __all__ = [
     "CheckFailure",
@@ -37,6 +39,8 @@ __all__ = [
     "ReferenceMHATokenToKVPool",
     "ReferenceMLATokenToKVPool",
     "ReferenceSWAKVPool",
+    "SGLangCPU",
     "check_pool",
     "reference_swa_pool",
+    "sglang_cpu",
 ]

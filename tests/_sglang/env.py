@@ -3,8 +3,8 @@
 Follows ``shared/reference/sglang-on-cpu.md`` (measured there):
 
 * ``sglang.srt.configs`` imports ``torchvision.transforms``; the registry's torchvision wheel
-  links ``libc10_cuda.so`` and cannot load beside the CPU build of torch. When no working
-  torchvision is importable, the import-only stub in ``stubs/`` goes first on ``sys.path``.
+  cannot load beside the CPU build of torch. When no working torchvision is importable, the
+  public :func:`kvcompat.testing.sglang_cpu` serves its import-only shim (docs/real-sglang.md).
 * ``SGLANG_CACHE_DIR`` and ``SGLANG_JIT_CACHE_DIR`` point at a temporary folder (SGLang would
   otherwise write under ``~/.cache/sglang``); ``SGLANG_USE_CPU_ENGINE`` stays unset (it routes
   writes to ``sgl_kernel`` CPU ops that are not installed).
@@ -33,7 +33,6 @@ import importlib
 import importlib.util
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -43,7 +42,6 @@ from typing import Any
 
 __all__ = [
     "IMPORT_WARNING_FILTERS",
-    "STUB_DIR",
     "SGLangSession",
     "current_session",
     "install_torchvision_stub",
@@ -80,9 +78,6 @@ IMPORT_WARNING_FILTERS = (
     ),
 )
 
-STUB_DIR = Path(__file__).resolve().parent / "stubs"
-"""Folder holding the import-only ``torchvision`` stub package."""
-
 _POOL_MODULES = {
     "memory_pool": "sglang.srt.mem_cache.memory_pool",
     "swa_memory_pool": "sglang.srt.mem_cache.swa_memory_pool",
@@ -111,7 +106,7 @@ class SGLangSession:
             the imported SGLang modules (read classes from them, e.g.
             ``session.memory_pool.MHATokenToKVPool``); ``kv_layout`` and
             ``runtime_context`` are None on releases that do not ship them.
-        torchvision_stubbed: True when the import stub stands in for torchvision.
+        torchvision_stubbed: True when kvcompat's import shim stands in for torchvision.
         cache_dir: the temporary folder SGLang's caches point at.
         import_seconds: wall time of the one-off module import.
         sglang_version: ``sglang.__version__``.
@@ -147,38 +142,17 @@ def current_session() -> SGLangSession | None:
     return _SESSION
 
 
-def _working_torchvision() -> bool:
-    """Whether a real torchvision imports here (the registry's CUDA wheel does not)."""
-    if "torchvision" in sys.modules:
-        module = sys.modules["torchvision"]
-        return not str(getattr(module, "__file__", "")).startswith(str(STUB_DIR))
-    if importlib.util.find_spec("torchvision") is None:
-        return False
-    try:
-        importlib.import_module("torchvision")
-    except (ImportError, OSError):
-        # A wheel built against CUDA torch fails with OSError (undefined symbol in
-        # libc10_cuda.so) or ImportError; drop whatever it left half-imported.
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        return False
-    return True
-
-
 def install_torchvision_stub() -> bool:
-    """Put the import-only torchvision stub on ``sys.path`` unless a real one works here.
+    """Let SGLang's modules import torchvision: :func:`kvcompat.testing.sglang_cpu`'s shim.
 
-    Returns whether the stub is in use. :func:`prepare_sglang` calls it; so does the layout
-    oracle runner, whose checks import SGLang modules without a session (0.5.12-0.5.20
-    import torchvision from ``sglang.srt.utils``).
+    Returns whether the shim is in use (only where no working torchvision imports).
+    :func:`prepare_sglang` calls it; so does the layout oracle runner, whose checks import
+    SGLang modules without a session (0.5.12-0.5.20 import torchvision from
+    ``sglang.srt.utils``).
     """
-    if _working_torchvision():
-        return False
-    stub = str(STUB_DIR)
-    if stub not in sys.path:
-        sys.path.insert(0, stub)
-        importlib.invalidate_caches()
-    return True
+    from kvcompat.testing import sglang_cpu
+
+    return sglang_cpu().shimmed
 
 
 def _set_env(saved: dict[str, str | None], cache_dir: Path) -> None:
@@ -287,7 +261,7 @@ def _optional_module(name: str) -> ModuleType | None:
 def prepare_sglang() -> SGLangSession:
     """Make SGLang's pool classes constructible on this CPU-only process; idempotent.
 
-    The first call (per process) puts the torchvision stub on ``sys.path`` if needed, points
+    The first call (per process) installs the torchvision import shim if needed, points
     SGLang's caches at a temporary folder, unsets ``SGLANG_USE_CPU_ENGINE``, imports the pool
     modules and installs the dummy runtime config. Later calls return the same session.
 
@@ -332,8 +306,8 @@ def prepare_sglang() -> SGLangSession:
 def release_sglang() -> None:
     """Undo :func:`prepare_sglang`: runtime config, environment variables, cache folder.
 
-    The imported modules (and the stub's ``sys.path`` entry, which they were imported through)
-    stay: un-importing 4,400 modules is neither possible nor useful. A later
+    The imported modules (and the torchvision shim they were imported through) stay:
+    un-importing 4,400 modules is neither possible nor useful. A later
     :func:`prepare_sglang` installs the config again and returns a fresh session.
     """
     global _SESSION

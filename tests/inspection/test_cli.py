@@ -58,11 +58,13 @@ def test_doctor_json_shape() -> None:
     assert run_doctor(out, json=True) == 0
     data = json.loads(out.getvalue())
     assert set(data["torch"]) == {"version", "cuda_available", "cuda_version", "device_name"}
-    assert set(data["engines"]) == {"sglang", "vllm", "tensorrt-llm"}
+    assert set(data["engines"]) == {"sglang"}  # the one supported engine (vLLM: planned)
     if data["engines"]["sglang"] is None:
         assert data["sglang_classes"] is None
+        assert data["sglang_import"] is None
     else:
         assert data["sglang_classes"]
+        assert data["sglang_import"]["modules"]
 
 
 def test_doctor_imports_no_engine() -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import release_matrix
-from _sglang.env import STUB_DIR, SGLangSession, prepare_sglang
+from _sglang.env import SGLangSession, prepare_sglang
 from _sglang.features import release
 
 SURVEYED_RELEASES = release_matrix.RELEASES
@@ -30,7 +30,8 @@ def test_sglang_version_is_the_surveyed_one(sglang_session: SGLangSession) -> No
 
 def test_prepare_is_idempotent(sglang_session: SGLangSession) -> None:
     assert prepare_sglang() is sglang_session
-    assert sys.path.count(str(STUB_DIR)) <= 1, "the stub folder was put on sys.path twice"
+    shims = [f for f in sys.meta_path if type(f).__module__ == "kvcompat.testing._sglang_cpu"]
+    assert len(shims) <= 1, "the torchvision shim was put on sys.meta_path twice"
 
 
 def test_caches_point_at_a_private_temp_folder(sglang_session: SGLangSession) -> None:
@@ -72,15 +73,15 @@ def test_pool_modules_were_imported_from_the_wheel(sglang_session: SGLangSession
     assert sglang_session.import_seconds > 0
 
 
-def test_torchvision_is_the_stub_only_when_no_real_one_works(
+def test_torchvision_is_the_shim_only_when_no_real_one_works(
     sglang_session: SGLangSession,
 ) -> None:
     tv = sys.modules["torchvision"]
-    from_stub = str(tv.__file__).startswith(str(STUB_DIR))
-    assert from_stub == sglang_session.torchvision_stubbed
-    if not from_stub:
-        pytest.skip("a real torchvision is installed; the stub is not in use")
-    assert str(STUB_DIR) in sys.path
+    from_shim = tv.__version__.endswith("+kvcompat.shim")
+    assert from_shim == sglang_session.torchvision_stubbed
+    if not from_shim:
+        pytest.skip("a real torchvision is installed; the shim is not in use")
+    assert "kvcompat.testing.sglang_cpu" in str(tv.__spec__.origin)
 
 
 @pytest.mark.parametrize(
@@ -94,11 +95,11 @@ def test_torchvision_is_the_stub_only_when_no_real_one_works(
         "torchvision.transforms.v2.functional",
     ],
 )
-def test_stub_modules(sglang_session: SGLangSession, module_name: str) -> None:
+def test_shim_modules(sglang_session: SGLangSession, module_name: str) -> None:
     if not sglang_session.torchvision_stubbed:
-        pytest.skip("a real torchvision is installed; the stub is not in use")
+        pytest.skip("a real torchvision is installed; the shim is not in use")
     module = importlib.import_module(module_name)
-    assert module.__version__ == "0.28.0+kvcompat.stub"
+    assert module.__version__ == "0.28.0+kvcompat.shim"
     modes = {m.name for m in module.InterpolationMode}
     assert modes == {
         "NEAREST",
