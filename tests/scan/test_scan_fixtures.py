@@ -85,7 +85,7 @@ def test_messages_name_the_receiver_the_classes_and_the_replacement() -> None:
     assert first.message.startswith("self.token_to_kv_pool.get_value_buffer() — breaks on ")
     assert "NotImplementedError" in first.message
     assert first.message.endswith(
-        "use kvcompat.adapt(self.token_to_kv_pool).get_value_buffer(layer_id) instead"
+        "use kvcompat.compat(self.token_to_kv_pool).get_value_buffer(layer_id) instead"
     )
     not_fixable = scan_source(_read("attention_backend.py"))[3]
     assert not_fixable.message.endswith(
