@@ -1280,10 +1280,6 @@ class _Walker:
             return (), "it passes keyword arguments"
         if len(node.args) != expected:
             return (), f"it passes {len(node.args)} positional arguments, not {expected}"
-        if code == "KVC003":
-            loc = node.args[1]
-            if isinstance(loc, ast.Call) and "KVWriteLoc" in self.source.segment(loc.func):
-                return (), "its location is a KVWriteLoc, which kvcompat's write does not take"
         source = self.source
         receiver = func.value
         first = node.args[0]
