@@ -1262,7 +1262,7 @@ class _Walker:
             name = keyword if keyword in (*names, *kwonly) else None
         return None if name is None else _indexed(target, name, target.lineno)
 
-    def _call_fix(  # noqa: PLR0911 -- one return per reason a call is left alone
+    def _call_fix(
         self, node: ast.Call, func: ast.Attribute, code: str
     ) -> tuple[tuple[Edit, ...], str]:
         """The edits that route the call through a ``--fix`` helper, or why there are none.
