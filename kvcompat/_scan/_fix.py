@@ -150,10 +150,12 @@ def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]
     adds to the module (with ``import kvcompat`` if it is missing) after the
     docstring and ``__future__`` imports. Each makes the native call first, so
     code that worked behaves exactly as before; only where the native pool
-    raises ``NotImplementedError`` does it ask kvcompat (``get_value_buffer`` /
-    ``get_kv_buffer`` / ``write``), through one adapter kept per pool object
-    (``kvcompat.adapt()`` costs tens of microseconds; the lookup does not).
-    Every other character is kept as it was, and the result always parses.
+    raises ``NotImplementedError`` does it make the same call on
+    ``kvcompat.compat(pool)``, one proxy kept per pool object (``compat()`` costs
+    tens of microseconds; the lookup does not): logical views on packed pools,
+    and a ``set_kv_buffer`` that treats ``cache_v`` as ``compat`` does. Every
+    other character is kept as it was, and the result always parses. What the
+    rewrite cannot vouch for is listed by ``kvcompat scan`` as ``KVC100`` notes.
 
     Args:
         source: Python source text.
