@@ -174,7 +174,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_format(demo)
     demo.set_defaults(run=_demo)
     inspect = commands.add_parser(
-        "inspect", help="manifest, memory report and transfer descriptors of the demo pools"
+        "inspect",
+        help="manifest tree and memory report of the demo pools, or of an SGLang pool (--sglang)",
     )
     inspect.add_argument("--source", default="demo", help="what to inspect (default: demo)")
     _add_format(inspect)

@@ -21,6 +21,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Sequence
 
+from kvcompat._scan._buffers import Role, UseKind, buffer_role, uses
 from kvcompat._scan._families import class_rules, module_rules
 from kvcompat._scan._probes import MHA_ONLY_ATTRIBUTES, ProbeIndex
 from kvcompat._scan._rules import ATTRIBUTE_RULES, CALL_RULES, Finding, make_message
@@ -37,7 +38,7 @@ from kvcompat._scan._syntax import (
     top_level_defs,
 )
 
-__all__ = ["FIX_ADAPTER", "FIX_HELPERS", "Edit", "Hit", "analyze"]
+__all__ = ["FIX_ADAPTER", "FIX_HELPERS", "LEGACY_FIX_ADAPTER", "Edit", "Hit", "analyze"]
 
 # kvcompat's detectors that tell a single-KV (or key-only) pool apart from the
 # others; is_composite_pool and is_supported_pool do not, so they are no guard.
@@ -117,8 +118,10 @@ FIX_HELPERS: dict[str, str] = {
     "KVC003": "_kvcompat_set_kv_buffer",
 }
 """Code -> the module-level helper ``--fix`` routes the call through."""
-FIX_ADAPTER = "_kvcompat_adapter"
-"""The helper that keeps one kvcompat adapter per pool object."""
+FIX_ADAPTER = "_kvcompat_compat_pool"
+"""The helper that keeps one ``kvcompat.compat`` proxy per pool object."""
+LEGACY_FIX_ADAPTER = "_kvcompat_adapter"
+"""The helper an older ``--fix`` wrote: one raw ``kvcompat.adapt`` adapter per pool."""
 
 
 def _opening(text: str, name: str) -> int | None:
@@ -132,7 +135,8 @@ def _opening(text: str, name: str) -> int | None:
 class _Kind(enum.Enum):
     """What a name (or ``self`` attribute) holds, as far as the scanner can tell."""
 
-    ADAPTED = "adapted"
+    ADAPTED = "adapted"  # kvcompat.adapt(...): the key-first adapter, raw storage buffers
+    COMPAT = "compat"  # kvcompat.compat(...): the pool's own API, logical views
     DETECTED = "detected"
     OTHER = "other"
 
@@ -196,7 +200,9 @@ class _Class:
         kinds = self.kinds.get(attr, set())
         if _Kind.DETECTED in kinds:
             return _Kind.DETECTED
-        return _Kind.ADAPTED if kinds == {_Kind.ADAPTED} else _Kind.OTHER
+        if kinds and kinds <= {_Kind.ADAPTED, _Kind.COMPAT}:
+            return _Kind.ADAPTED if _Kind.ADAPTED in kinds else _Kind.COMPAT
+        return _Kind.OTHER
 
 
 @dataclasses.dataclass
@@ -204,7 +210,14 @@ class _Names:
     """How the module spells kvcompat (``import kvcompat as kc``, ``from kvcompat import …``)."""
 
     modules: set[str] = dataclasses.field(default_factory=lambda: {"kvcompat"})
-    adapters: set[str] = dataclasses.field(default_factory=lambda: {*_ADAPTERS, FIX_ADAPTER})
+    # local name -> "adapt" (raw storage buffers) or "compat" (logical views)
+    adapters: dict[str, str] = dataclasses.field(
+        default_factory=lambda: {
+            **{name: name for name in _ADAPTERS},
+            FIX_ADAPTER: "compat",
+            LEGACY_FIX_ADAPTER: "adapt",
+        }
+    )
     detectors: dict[str, str] = dataclasses.field(
         default_factory=lambda: {name: name for name in _DETECTORS}
     )
@@ -227,7 +240,7 @@ class _Names:
                     local = alias.asname or alias.name
                     names.imported.add(local)
                     if alias.name in _ADAPTERS:
-                        names.adapters.add(local)
+                        names.adapters[local] = alias.name
                     if alias.name in _DETECTORS:
                         names.detectors[local] = alias.name
         return names
@@ -241,19 +254,25 @@ class _Names:
         return None
 
     def is_adapt_call(self, expr: ast.expr) -> bool:
+        return self.adapter_call(expr) is not None
+
+    def adapter_call(self, expr: ast.expr) -> str | None:
+        """``"adapt"`` or ``"compat"`` for a call of kvcompat's adapt/compat, else None."""
         while isinstance(expr, ast.NamedExpr):
             expr = expr.value
         if not isinstance(expr, ast.Call):
-            return False
+            return None
         func = expr.func
         if isinstance(func, ast.Name):
-            return func.id in self.adapters
-        return (
+            return self.adapters.get(func.id)
+        if (
             isinstance(func, ast.Attribute)
             and func.attr in _ADAPTERS
             and isinstance(func.value, ast.Name)
             and func.value.id in self.modules
-        )
+        ):
+            return func.attr
+        return None
 
     def mentions_kvcompat(self, annotation: ast.expr | None) -> bool:
         """Whether a parameter annotation names a kvcompat type."""
@@ -272,8 +291,9 @@ class _Names:
         return False
 
     def classify(self, value: ast.expr) -> _Kind:
-        if self.is_adapt_call(value):
-            return _Kind.ADAPTED
+        made_by = self.adapter_call(value)
+        if made_by is not None:
+            return _Kind.COMPAT if made_by == "compat" else _Kind.ADAPTED
         for node in ast.walk(value):
             if isinstance(node, ast.Call) and (
                 self.detector(node.func) is not None or _receiver_check(node) is not None
@@ -354,8 +374,11 @@ class _Binder:
         self.scopes[node] = inner
         start = (node.lineno, node.col_offset)
         for param in parameters(node.args):
-            adapted = self.names.mentions_kvcompat(param.annotation)
-            inner.bind(param.arg, start, _Kind.ADAPTED if adapted else _Kind.OTHER)
+            kind = _Kind.OTHER
+            if param.annotation is not None and self.names.mentions_kvcompat(param.annotation):
+                compat = "Compat" in ast.unparse(param.annotation)
+                kind = _Kind.COMPAT if compat else _Kind.ADAPTED
+            inner.bind(param.arg, start, kind)
         outer: list[ast.AST] = [*node.args.defaults]
         outer.extend(default for default in node.args.kw_defaults if default is not None)
         if isinstance(node, ast.Lambda):
@@ -562,6 +585,40 @@ def _shown(text: str) -> str:
     return text if len(text) <= _MAX_SHOWN else "…" + text[-(_MAX_SHOWN - 1) :]
 
 
+def _is_proxy_adapter(expr: ast.expr) -> bool:
+    """``pool.kvcompat``: a compat proxy's key-first adapter."""
+    return isinstance(expr, ast.Attribute) and expr.attr == "kvcompat"
+
+
+def _head_dim_index(node: ast.expr) -> bool:
+    """Whether ``buf.shape[i]`` / ``buf.size(i)`` asks for a dimension other than the rows."""
+    index: ast.expr | None = None
+    if isinstance(node, ast.Subscript):
+        index = node.slice
+    elif isinstance(node, ast.Call) and node.args:
+        index = node.args[0]
+    if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub):
+        return True  # shape[-1], size(-2)
+    if isinstance(index, ast.Constant) and isinstance(index.value, int):
+        return index.value != 0
+    return False
+
+
+def _legacy_getters(tree: ast.Module) -> dict[str, str]:
+    """The getter helpers of an older ``--fix`` (their fallback: ``kvcompat.adapt``), by name.
+
+    Such a module defines ``_kvcompat_adapter`` and builds ``kvcompat.adapt(pool)`` in it.
+    """
+    defs = {stmt.name: stmt for stmt in tree.body if isinstance(stmt, FUNCTIONS)}
+    legacy = defs.get(LEGACY_FIX_ADAPTER)
+    if legacy is None or not any(
+        isinstance(node, ast.Attribute) and node.attr == "adapt" for node in ast.walk(legacy)
+    ):
+        return {}
+    getters = {FIX_HELPERS["KVC001"]: "get_value_buffer", FIX_HELPERS["KVC002"]: "get_kv_buffer"}
+    return {name: method for name, method in getters.items() if name in defs}
+
+
 class _Walker:
     """Pass 2: visit every node with what protects it; collect unprotected accesses."""
 
@@ -586,6 +643,7 @@ class _Walker:
             stmt.name: stmt for stmt in tree.body if isinstance(stmt, FUNCTIONS)
         }
         self.probes = ProbeIndex(tree)
+        self.legacy_getters = _legacy_getters(tree)
         self.class_nodes = {id(info): node for node, info in binder.classes.items()}
         stack: list[tuple[ast.AST, _Ctx]] = []
         self._push_block(stack, tree.body, _Ctx(scope=binder.scopes[tree], cls=None))
@@ -657,7 +715,7 @@ class _Walker:
         return ctx
 
     def _protected(  # noqa: PLR0911 -- one return per kind of protection
-        self, code: str, receiver: ast.expr, ctx: _Ctx
+        self, code: str, receiver: ast.expr, ctx: _Ctx, *, adapted_ok: bool = True
     ) -> bool:
         if ctx.guarded or _NEEDS_CATCH.get(code) in ctx.caught:
             return True
@@ -674,7 +732,11 @@ class _Walker:
         function = ctx.function
         if isinstance(function, FUNCTIONS) and _FAMILY_WORDS & set(function.name.split("_")):
             return True
-        return self.names.is_adapt_call(receiver) or self._kind(receiver, ctx) is _Kind.ADAPTED
+        if not adapted_ok:
+            return False
+        if self.names.is_adapt_call(receiver) or _is_proxy_adapter(receiver):
+            return True
+        return self._kind(receiver, ctx) in (_Kind.ADAPTED, _Kind.COMPAT)
 
     def _class_rules(self, ctx: _Ctx) -> frozenset[str]:
         """The rules that cannot fire here: code of an object whose constructor ran.
@@ -886,6 +948,7 @@ class _Walker:
     def _check(self, node: ast.AST, ctx: _Ctx) -> None:
         self._record_narrowing(node, ctx)
         if isinstance(node, ast.Call):
+            self._check_raw_buffer(node, ctx)
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in CALL_RULES:
                 self._check_call(node, func, ctx)
@@ -929,6 +992,73 @@ class _Walker:
         line, col = self._name_position(func)
         message = make_message(code, f"{recv}.{func.attr}()", recv, note)
         self._add(node, line, col, code, message, edits, self._self_attribute(receiver, ctx))
+
+    def _raw(self, receiver: ast.expr, ctx: _Ctx) -> bool:
+        """Whether ``receiver`` is kvcompat's key-first adapter (its buffers are raw storage).
+
+        ``kvcompat.adapt(pool)``, a name or ``self`` attribute bound to one, a parameter
+        annotated with a kvcompat protocol, and a compat proxy's ``.kvcompat``; not
+        ``kvcompat.compat(pool)``, whose getters hand out logical views.
+        """
+        if _is_proxy_adapter(receiver):
+            return True
+        if self.names.adapter_call(receiver) == "adapt":
+            return True
+        return self._kind(receiver, ctx) is _Kind.ADAPTED
+
+    def _pool_of(self, adapter: ast.expr) -> str:
+        """The source text of the pool a raw adapter wraps (for the suggested replacement)."""
+        if isinstance(adapter, ast.Attribute) and _is_proxy_adapter(adapter):
+            return _shown(self.source.segment(adapter.value))
+        call = adapter
+        while isinstance(call, ast.NamedExpr):
+            call = call.value
+        if self.names.adapter_call(call) == "adapt" and isinstance(call, ast.Call) and call.args:
+            return _shown(self.source.segment(call.args[0]))
+        return f"{_shown(self.source.segment(adapter))}.native"
+
+    def _check_raw_buffer(self, node: ast.Call, ctx: _Ctx) -> None:
+        """``KVC008`` / ``KVC009``: a raw adapter buffer probed for a head dim or read by token."""
+        func = node.func
+        note = ""
+        if isinstance(func, ast.Attribute):
+            role = buffer_role(func.attr)
+            if role is None or not self._raw(func.value, ctx):
+                return
+            receiver: ast.expr = func.value
+            getter = f"{_shown(self.source.segment(receiver))}.{func.attr}()"
+            recv = self._pool_of(receiver)
+        elif isinstance(func, ast.Name) and func.id in self.legacy_getters and node.args:
+            role = buffer_role(self.legacy_getters[func.id])
+            if role is None:  # pragma: no cover - legacy_getters holds getters only
+                return
+            receiver = node.args[0]
+            recv = _shown(self.source.segment(receiver))
+            getter = f"{func.id}({recv}, …)"
+            note = (
+                f"; this module's {LEGACY_FIX_ADAPTER}() comes from an older `kvcompat scan "
+                "--fix` and answers with kvcompat.adapt(pool): make it return "
+                "kvcompat.compat(pool), and its set_kv_buffer fallback call "
+                ".set_kv_buffer(layer, loc, cache_k, cache_v) on that"
+            )
+        else:
+            return
+        if self._protected("KVC008", receiver, ctx, adapted_ok=False):
+            return
+        function: ast.AST = ctx.function if ctx.function is not None else self.module
+        for use in uses(node, role, self.parents, function):
+            if use.kind is UseKind.HEAD_DIM and _head_dim_index(use.node):
+                code = "KVC008"
+            elif use.kind in (UseKind.ROWS, UseKind.STORE):
+                code = "KVC006" if role is Role.KEY else "KVC009"
+            else:
+                continue
+            part = "" if use.role is Role.PAIR else f"the {use.role.value} buffer of "
+            what = f"{_shown(self.source.segment(use.node))} ({part}{getter}, line {node.lineno})"
+            message = make_message(code, what, recv, note)
+            line = use.node.lineno
+            col = self.source.char_col(line, use.node.col_offset) + 1
+            self._add(use.node, line, col, code, message, (), self._self_attribute(receiver, ctx))
 
     def _check_getattr(self, node: ast.Call, ctx: _Ctx) -> None:
         if len(node.args) != 2 or node.keywords:
@@ -1132,7 +1262,7 @@ class _Walker:
             name = keyword if keyword in (*names, *kwonly) else None
         return None if name is None else _indexed(target, name, target.lineno)
 
-    def _call_fix(  # noqa: PLR0911 -- one return per reason a call is left alone
+    def _call_fix(
         self, node: ast.Call, func: ast.Attribute, code: str
     ) -> tuple[tuple[Edit, ...], str]:
         """The edits that route the call through a ``--fix`` helper, or why there are none.
@@ -1150,10 +1280,6 @@ class _Walker:
             return (), "it passes keyword arguments"
         if len(node.args) != expected:
             return (), f"it passes {len(node.args)} positional arguments, not {expected}"
-        if code == "KVC003":
-            loc = node.args[1]
-            if isinstance(loc, ast.Call) and "KVWriteLoc" in self.source.segment(loc.func):
-                return (), "its location is a KVWriteLoc, which kvcompat's write does not take"
         source = self.source
         receiver = func.value
         first = node.args[0]

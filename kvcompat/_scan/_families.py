@@ -117,7 +117,7 @@ def class_rules(cls: ast.ClassDef) -> frozenset[str]:
         ...         assert isinstance(config, MiniCPMHybridConfig)
         ... '''
         >>> sorted(class_rules(ast.parse(source).body[0]))
-        ['KVC001', 'KVC002', 'KVC003', 'KVC006', 'KVC007']
+        ['KVC001', 'KVC002', 'KVC003', 'KVC006', 'KVC007', 'KVC008', 'KVC009']
     """
     return _DSV4_ONLY if refuses_other_families(cls) else frozenset()
 

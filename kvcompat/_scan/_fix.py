@@ -25,31 +25,35 @@ _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 # What ``--fix`` adds to a module it rewrites (each piece only if the module lacks
 # it). The native call runs first, so code that worked before behaves exactly as
-# before (same tensors, same errors); kvcompat answers only where the native pool
-# raises NotImplementedError. kvcompat.adapt() costs tens of microseconds, so the
-# adapter is built once per pool object and looked up afterwards (well under a
-# microsecond); the adapter itself notices when the pool's buffer lists are replaced.
+# before (same tensors, same errors); only where the native pool raises
+# NotImplementedError does kvcompat answer, through ``kvcompat.compat(pool)``: the
+# pool's own methods, with getters that hand out logical views on packed pools
+# (DeepSeek-V4: ``shape[-1]`` is the head dim, ``buf[loc]`` gathers token rows) and a
+# set_kv_buffer that treats ``cache_v`` as ``compat`` does (ignored where the value is
+# part of the key row). Anything else done with such a view raises CompatViewError,
+# never reads packed bytes as rows. compat() costs tens of microseconds, so it is
+# built once per pool object and looked up afterwards (well under a microsecond).
 _HEADER = """\
-# Added by `kvcompat scan --fix`: the native call runs first, and kvcompat answers
-# where the pool raises NotImplementedError (one adapter per pool object).
+# Added by `kvcompat scan --fix`: the native call runs first, and kvcompat.compat(pool)
+# answers where the pool raises NotImplementedError (one proxy per pool object).
 import weakref as _kvcompat_weakref
 
-_kvcompat_adapters = _kvcompat_weakref.WeakKeyDictionary()
+_kvcompat_compat_pools = _kvcompat_weakref.WeakKeyDictionary()
 """
 _ADAPTER = f"""\
 
 
 def {FIX_ADAPTER}(pool):
     try:
-        return _kvcompat_adapters[pool]
+        return _kvcompat_compat_pools[pool]
     except (KeyError, TypeError):
         pass
-    adapter = kvcompat.adapt(pool)
+    proxy = kvcompat.compat(pool)
     try:
-        _kvcompat_adapters[pool] = adapter
-    except TypeError:  # not weakly referenceable: adapt again on the next fallback
+        _kvcompat_compat_pools[pool] = proxy
+    except TypeError:  # not weakly referenceable: wrap again on the next fallback
         pass
-    return adapter
+    return proxy
 """
 _HELPERS: dict[str, str] = {
     "KVC001": """\
@@ -77,7 +81,7 @@ def {name}(pool, layer, loc, cache_k, cache_v):
     try:
         return pool.set_kv_buffer(layer, loc, cache_k, cache_v)
     except NotImplementedError:
-        return {adapter}(pool).write(layer.layer_id, loc, cache_k, cache_v)
+        return {adapter}(pool).set_kv_buffer(layer, loc, cache_k, cache_v)
 """,
 }
 
@@ -146,10 +150,12 @@ def fix_source(source: str, path: str = "<string>") -> tuple[str, list[Finding]]
     adds to the module (with ``import kvcompat`` if it is missing) after the
     docstring and ``__future__`` imports. Each makes the native call first, so
     code that worked behaves exactly as before; only where the native pool
-    raises ``NotImplementedError`` does it ask kvcompat (``get_value_buffer`` /
-    ``get_kv_buffer`` / ``write``), through one adapter kept per pool object
-    (``kvcompat.adapt()`` costs tens of microseconds; the lookup does not).
-    Every other character is kept as it was, and the result always parses.
+    raises ``NotImplementedError`` does it make the same call on
+    ``kvcompat.compat(pool)``, one proxy kept per pool object (``compat()`` costs
+    tens of microseconds; the lookup does not): logical views on packed pools,
+    and a ``set_kv_buffer`` that treats ``cache_v`` as ``compat`` does. Every
+    other character is kept as it was, and the result always parses. What the
+    rewrite cannot vouch for is listed by ``kvcompat scan`` as ``KVC100`` notes.
 
     Args:
         source: Python source text.

@@ -13,6 +13,7 @@ __all__ = [
     "ATTRIBUTE_RULES",
     "CALL_RULES",
     "ERROR_CODES",
+    "HAND_CHECK",
     "RULES",
     "Finding",
     "Rule",
@@ -28,7 +29,7 @@ class Finding:
         path: The file as it was named on the command line (or ``"<string>"``).
         line: 1-based line number; ``0`` for a problem with the whole file.
         col: 1-based column, counted in characters; ``0`` with ``line == 0``.
-        code: ``KVC001`` … ``KVC005`` for pool accesses, ``KVC9xx`` for files the
+        code: ``KVC001`` … ``KVC009`` for pool accesses, ``KVC9xx`` for files the
             scanner could not read or parse.
         message: What was found, where it breaks, and what to use instead.
         fixable: Whether ``kvcompat scan --fix`` rewrites it.
@@ -118,7 +119,7 @@ RULES: dict[str, Rule] = {
                 "(NotImplementedError)"
             ),
             classes=_DSV4_SINGLE + _DSV4_OTHER + _KEY_ONLY,
-            replacement="kvcompat.adapt({recv}).get_value_buffer(layer_id)",
+            replacement="kvcompat.compat({recv}).get_value_buffer(layer_id)",
         ),
         Rule(
             code="KVC002",
@@ -128,7 +129,7 @@ RULES: dict[str, Rule] = {
                 "(NotImplementedError)"
             ),
             classes=_DSV4_SINGLE + _DSV4_OTHER + _KEY_ONLY,
-            replacement="kvcompat.adapt({recv}).get_kv_buffer(layer_id)",
+            replacement="kvcompat.compat({recv}).get_kv_buffer(layer_id)",
         ),
         Rule(
             code="KVC003",
@@ -138,7 +139,7 @@ RULES: dict[str, Rule] = {
                 "MLA pools drop cache_v"
             ),
             classes=_DSV4_SINGLE + _DSV4_OTHER + _KEY_ONLY,
-            replacement="kvcompat.adapt({recv}).write(layer.layer_id, loc, key, value)",
+            replacement="kvcompat.compat({recv}).set_kv_buffer(layer, loc, cache_k, cache_v)",
         ),
         Rule(
             code="KVC004",
@@ -193,6 +194,31 @@ RULES: dict[str, Rule] = {
                 "logical shape from kvcompat.describe({recv})"
             ),
         ),
+        Rule(
+            code="KVC008",
+            name="value buffer head-dim probe",
+            breaks_on=(
+                "DeepSeek-V4 single-KV pools (silently): kvcompat's key-first adapter hands "
+                "out the pool's storage, packed page-major bytes [pages, page_bytes], so its "
+                "shape[-1] is the bytes of a page (37440 on V4), not the head dim"
+            ),
+            classes=_DSV4_SINGLE,
+            replacement="kvcompat.compat({recv}).get_value_buffer(layer_id).shape[-1]",
+        ),
+        Rule(
+            code="KVC009",
+            name="unpacked buffer rows",
+            breaks_on=(
+                "DeepSeek-V4 single-KV pools (silently): kvcompat's key-first adapter hands "
+                "out the pool's storage, packed page-major bytes [pages, page_bytes], so "
+                "indexing a get_kv_buffer / get_value_buffer result by token reads page rows"
+            ),
+            classes=_DSV4_SINGLE,
+            replacement=(
+                "kvcompat.adapt({recv}).read(layer_id, loc) / .read_kv(layer_id, loc), or "
+                "kvcompat.compat({recv}).get_kv_buffer(layer_id) (views that gather by token)"
+            ),
+        ),
     )
 }
 
@@ -210,6 +236,13 @@ ATTRIBUTE_RULES: dict[str, str] = {
     "kv_buffer": "KVC005",
 }
 """Attribute name -> code, for the storage attributes the scanner looks for."""
+
+HAND_CHECK = "KVC100"
+"""The code of a note ``--fix`` leaves: a use of a rewritten call to check by hand.
+
+Notes are listed apart from findings (``ScanReport.hand_checks``) and never change the
+exit status; ``# kvcompat: ignore[KVC100]`` silences one.
+"""
 
 ERROR_CODES: dict[str, str] = {
     "KVC900": "syntax error",
@@ -236,7 +269,7 @@ def make_message(code: str, what: str, recv: str, note: str = "", use: str = "")
     Example:
         >>> from kvcompat._scan._rules import make_message
         >>> make_message("KVC001", "pool.get_value_buffer()", "pool").endswith(
-        ...     "use kvcompat.adapt(pool).get_value_buffer(layer_id) instead")
+        ...     "use kvcompat.compat(pool).get_value_buffer(layer_id) instead")
         True
     """
     rule = RULES[code]

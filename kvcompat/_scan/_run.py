@@ -18,6 +18,7 @@ from typing import Any, Literal, TextIO
 
 from kvcompat._scan._analysis import analyze
 from kvcompat._scan._fix import fix_module, parse
+from kvcompat._scan._handcheck import hand_checks
 from kvcompat._scan._models import ModelScope, ModuleFacts, module_facts
 from kvcompat._scan._rules import RULES, Finding
 from kvcompat._scan._source import split_lines
@@ -46,6 +47,10 @@ class ScanReport:
         model_code: How many accesses were not reported because they are in model
             definitions, which run only on their own architecture's pool (see
             ``docs/scan.md``); ``include_models=True`` / ``--include-models`` reports them.
+        hand_checks: ``KVC100`` notes: uses of the calls ``--fix`` rewrote that the
+            scanner cannot vouch for on DeepSeek-V4 and key-only pools (a buffer passed
+            on whole, stored into, or a ``set_kv_buffer`` whose ``cache_v`` those pools
+            do not store). They do not change :attr:`exit_code`.
 
     Example:
         >>> import pathlib, tempfile
@@ -62,6 +67,7 @@ class ScanReport:
     files: int = 0
     fixed: int = 0
     model_code: int = 0
+    hand_checks: tuple[Finding, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -105,6 +111,16 @@ class ScanReport:
             found = f"no unguarded pool accesses in {files}"
         if self.fixed:
             found = f"fixed {_plural(self.fixed, 'finding')}; remaining: {found}"
+        if self.hand_checks:
+            found += (
+                f"; {_plural(len(self.hand_checks), 'line')} to check by hand (KVC100, listed"
+                " above)"
+            )
+        if len(self.findings) > self.fixable:
+            found += (
+                "; for code --fix cannot rewrite, kvcompat.compat(pool) gives the pool's own"
+                " methods with getters that never lie (docs/port-backend.md)"
+            )
         if self.model_code:
             accesses = "access" if self.model_code == 1 else "accesses"
             found += (
@@ -121,8 +137,8 @@ class ScanReport:
         Example:
             >>> from kvcompat.scan import ScanReport
             >>> sorted(ScanReport(findings=()).to_json())  # doctest: +NORMALIZE_WHITESPACE
-            ['errors', 'exit_code', 'files', 'findings', 'fixed', 'model_code', 'rules',
-             'summary', 'version']
+            ['errors', 'exit_code', 'files', 'findings', 'fixed', 'hand_checks', 'model_code',
+             'rules', 'summary', 'version']
         """
         return {
             "version": _JSON_VERSION,
@@ -133,6 +149,7 @@ class ScanReport:
             "summary": self.summary(),
             "findings": [dataclasses.asdict(finding) for finding in self.findings],
             "errors": [dataclasses.asdict(error) for error in self.errors],
+            "hand_checks": [dataclasses.asdict(note) for note in self.hand_checks],
             "rules": {
                 code: {
                     "name": rule.name,
@@ -264,14 +281,35 @@ class _FileResult:
     errors: list[Finding]
     fixed: int = 0
     diff: str = ""
+    checks: list[Finding] | None = None  # None: the file's own (unchanged) notes
 
 
 def _diff(path: str, before: str, after: str) -> str:
+    r"""A unified diff of ``before`` -> ``after``, with no whitespace at the end of a line.
+
+    An empty line of context prints as an empty line, not as one space (what
+    ``diff -u --suppress-blank-empty`` prints; ``patch`` and ``git apply`` read both);
+    whitespace the file's own lines end with stays: it is the file's text.
+
+    Example:
+        >>> from kvcompat._scan._run import _diff
+        >>> print(_diff("a.py", "x = 1\n\ny = 2\n", "x = 1\n\ny = 3\n"), end="")
+        --- a.py
+        +++ a.py
+        @@ -1,3 +1,3 @@
+         x = 1
+        <BLANKLINE>
+        -y = 2
+        +y = 3
+    """
     lines = difflib.unified_diff(
         split_lines(before), split_lines(after), fromfile=path, tofile=path
     )
     out: list[str] = []
-    for line in lines:
+    for diff_line in lines:
+        # An empty context line: no lone space at the end of the line.
+        empty = diff_line[:1] == " " and diff_line[1:] in ("\n", "\r\n", "\r")
+        line = diff_line[1:] if empty else diff_line
         out.append(line)
         if not line.endswith(("\n", "\r")):
             out.append("\n\\ No newline at end of file\n")
@@ -353,6 +391,7 @@ class _Checked:
     encoding: str
     findings: list[Finding]
     facts: ModuleFacts
+    checks: list[Finding] = dataclasses.field(default_factory=list)  # KVC100 notes
 
 
 def _check(path: str, max_bytes: int) -> _Checked | Finding:
@@ -366,7 +405,8 @@ def _check(path: str, max_bytes: int) -> _Checked | Finding:
     findings = [hit.finding for hit in analyze(tree, text, path)]
     real = os.path.realpath(path)
     facts = module_facts(tree, text, real)
-    return _Checked(path, real, text if findings else "", encoding, findings, facts)
+    checks = hand_checks(tree, text, path)
+    return _Checked(path, real, text if findings else "", encoding, findings, facts, checks)
 
 
 def _fix_file(checked: _Checked, mode: _Mode, exempt: frozenset[str]) -> _FileResult:
@@ -374,14 +414,17 @@ def _fix_file(checked: _Checked, mode: _Mode, exempt: frozenset[str]) -> _FileRe
     fixed, remaining = fix_module(text, path, exempt=exempt)
     if fixed == text:
         return _FileResult(remaining, [])
-    if mode == "diff":  # nothing is written, so every finding is still in the file
-        return _FileResult(before, [], diff=_diff(path, text, fixed))
+    tree = parse(fixed, path)
+    checks = [] if isinstance(tree, Finding) else hand_checks(tree, fixed, path)
+    if mode == "diff":  # nothing is written: the findings are still in the file, and the
+        # notes are those of the file --fix would write
+        return _FileResult(before, [], diff=_diff(path, text, fixed), checks=checks)
     try:
         Path(path).write_bytes(fixed.encode(checked.encoding))
     except OSError as exc:
         message = f"cannot write the fix: {exc.strerror or exc}; check the file's permissions"
         return _FileResult(before, [Finding(path, 0, 0, "KVC902", message, fixable=False)])
-    return _FileResult(remaining, [], fixed=len(before) - len(remaining))
+    return _FileResult(remaining, [], fixed=len(before) - len(remaining), checks=checks)
 
 
 def _without_model_code(file: _Checked, scope: ModelScope) -> tuple[_Checked, frozenset[str]]:
@@ -427,18 +470,22 @@ def _run(
     holes = [os.path.realpath(path) for path in (*excluded, *(e.path for e in errors))]
     scope = None if include_models else ModelScope(facts, roots, holes)
     findings: list[Finding] = []
+    notes: list[Finding] = []
     diffs: list[str] = []
     fixed = model_code = unwritten = 0
     for file in checked:
         if not file.findings:
+            notes.extend(file.checks)
             continue
         kept, exempt = (file, frozenset()) if scope is None else _without_model_code(file, scope)
         model_code += len(file.findings) - len(kept.findings)
         if mode == "check" or not any(f.fixable for f in kept.findings):
             findings.extend(kept.findings)
+            notes.extend(file.checks)
             continue
         outcome = _fix_file(kept, mode, exempt)
         findings.extend(outcome.findings)
+        notes.extend(file.checks if outcome.checks is None else outcome.checks)
         errors.extend(outcome.errors)
         fixed += outcome.fixed
         unwritten += bool(outcome.errors)
@@ -450,6 +497,7 @@ def _run(
         files=len(checked) - unwritten,
         fixed=fixed,
         model_code=model_code,
+        hand_checks=tuple(notes),
     )
     return report, diffs
 
@@ -502,7 +550,10 @@ codes:
   KVC001  .get_value_buffer(...)           KVC004  .k_buffer / .v_buffer on a pool
   KVC002  .get_kv_buffer(...)              KVC005  .kv_buffer on a pool
   KVC003  .set_kv_buffer(...)              KVC006  get_key_buffer(i) indexed by token
-  KVC007  .get_kv_buffer_shape()           KVC900-903  path or file could not be checked
+  KVC007  .get_kv_buffer_shape()           KVC008  head-dim probe of an adapter's buffer
+  KVC009  an adapter's get_kv_buffer / get_value_buffer result indexed by token
+  KVC100  a note, not a finding: a use of a call --fix rewrote, to check by hand
+  KVC900-903  path or file could not be checked
 
 exit status: 0 no findings, 1 findings remain, 2 usage error or a file could not be checked.
 silence a line with "# kvcompat: ignore" (or "# kvcompat: ignore[KVC004]"),
@@ -620,6 +671,8 @@ def main(
         _write(sys.stderr, error.format() + "\n")
     for finding in sorted(report.findings, key=_order):
         _write(messages, finding.format() + "\n")
+    for note in sorted(report.hand_checks, key=_order):
+        _write(messages, note.format() + "\n")
     _write(messages, report.summary() + "\n")
     return report.exit_code
 

@@ -49,8 +49,8 @@ class CompositeAdapter(AdapterBase):
         wait_offset: when set, the composite itself calls
             ``layer_transfer_counter.wait_until(layer_id - wait_offset)`` and asks
             the part not to wait; when None (the built-in composites), each part
-            performs the wait itself (see :func:`kvcompat._registry.adapt_part`),
-            so a part used directly waits too.
+            performs the wait itself (each part's adapter is built with its own
+            wait), so a part used directly waits too.
         name: display name (defaults to the native class name).
 
     Example:

@@ -257,8 +257,8 @@ def quantize(
         fnuz: write V4 bytes as SGLang's ROCm e4m3fnuz Triton store does (never the
             default: those bytes differ from the CUDA store's).
         check_finite: reject NaN/Inf values, and values beyond what their segment can
-            represent (:func:`~kvcompat.layouts._validate.value_limits`: a bf16 rope tail,
-            fp4 tiles, unscaled e4m3, the fp32 compute range), with
+            represent (a bf16 rope tail, fp4 tiles, unscaled e4m3, the fp32 compute range:
+            the table in ``docs/atomic-writes.md``), with
             :class:`~kvcompat.WriteError`; one host sync. With False nothing is checked
             (no sync) and they are encoded as SGLang's store would (documented per layout).
         validate: run :func:`check_write` first (set False only when the caller already

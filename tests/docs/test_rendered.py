@@ -7,12 +7,14 @@ pages and a script in the page measures them:
 * every column of the supported-pools tables (and the layouts index) is on screen, with
   nothing scrolled away or clipped: a column name is visible for every cell;
 * no SVG text in the layout pictures runs outside its picture, with the real fonts;
-* the landing page is short, and the version and the changelog are shown.
+* the landing page is short, and the version and the changelog are shown;
+* no page names a private module or a path outside the repository (without the browser).
 """
 
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +200,45 @@ def test_landing_page_is_short_and_shows_version_and_changelog(html: Path) -> No
     assert "pip install kvcompat" not in quickstart
     assert "pip install -e ." not in quickstart
     assert "CPU build" in quickstart
+
+
+class _Text(HTMLParser):
+    """The text a reader sees on a page (no scripts, styles or attributes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._hidden = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        del attrs
+        self._hidden += tag in ("script", "style")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._hidden -= tag in ("script", "style")
+
+    def handle_data(self, data: str) -> None:
+        if not self._hidden:
+            self.parts.append(data)
+
+
+def test_the_built_docs_name_no_private_module_and_no_outside_path(html: Path) -> None:
+    # The sources are checked in test_docs_sources.py; this is what autodoc adds on top
+    # (attribute types, default values, signatures) as a reader sees it.
+    from test_docs_sources import MACHINE_PATH, private_modules
+
+    pages = [
+        page
+        for page in sorted(html.rglob("*.html"))
+        if not {"_modules", "_sources", "_static"} & set(page.relative_to(html).parts)
+    ]
+    assert len(pages) > 20
+    named = {}
+    for page in pages:
+        parser = _Text()
+        parser.feed(page.read_text(encoding="utf-8"))
+        text = "".join(parser.parts)
+        found = sorted(set(private_modules(text))) + MACHINE_PATH.findall(text)
+        if found:
+            named[str(page.relative_to(html))] = found[:5]
+    assert named == {}

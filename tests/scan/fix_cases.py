@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kvcompat.compat import LogicalView
 from kvcompat.scan import fix_source
 
 # Each snippet defines run(pool, layer, loc, k, v); ``make_write_loc`` is given to it.
@@ -119,7 +120,16 @@ def state(pool: Any) -> tuple[bytes, ...]:
 
 
 def summary(value: Any) -> Any:
-    """What a result is, frozen: for a tensor its address, shape, dtype, stride and bytes."""
+    """What a result is, frozen: for a tensor its address, shape, dtype, stride and bytes.
+
+    A ``kvcompat.compat`` logical view (what the rewrite's fallback returns on packed
+    pools) is frozen as its logical shape and dtype and its storage, read explicitly: any
+    other tensor operation on it raises ``CompatViewError`` by design.
+    """
+    if isinstance(value, LogicalView):
+        storage = value.storage_tensor
+        data = storage.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        return ("view", storage.data_ptr(), tuple(value.shape), value.dtype, data)
     if isinstance(value, torch.Tensor):
         data = value.detach().contiguous().view(torch.uint8).numpy().tobytes()
         return ("tensor", value.data_ptr(), tuple(value.shape), value.dtype, value.stride(), data)

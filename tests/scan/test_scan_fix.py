@@ -58,6 +58,10 @@ def body(source: str) -> str:
             "pool.set_kv_buffer(get_layer(i), loc, k, v)\n",
             "_kvcompat_set_kv_buffer(pool, get_layer(i), loc, k, v)\n",
         ),
+        (  # compat(pool).set_kv_buffer takes a KVWriteLoc, as SGLang's pools do
+            "pool.set_kv_buffer(layer, KVWriteLoc(loc, swa_loc=s), k, v)\n",
+            "_kvcompat_set_kv_buffer(pool, layer, KVWriteLoc(loc, swa_loc=s), k, v)\n",
+        ),
         (
             "pool.set_kv_buffer(a if c else b, loc, k, v)\n",
             "_kvcompat_set_kv_buffer(pool, a if c else b, loc, k, v)\n",
@@ -122,14 +126,6 @@ def test_nested_calls_are_all_fixed() -> None:
             "it passes 6 positional arguments, not 4",
         ),
         ("pool.set_kv_buffer(layer, loc, k, v, **scales)", "it passes keyword arguments"),
-        (
-            "pool.set_kv_buffer(layer, KVWriteLoc(loc, swa_loc=s), k, v)",
-            "its location is a KVWriteLoc, which kvcompat's write does not take",
-        ),
-        (
-            "pool.set_kv_buffer(layer, mem.KVWriteLoc(loc), k, v)",
-            "its location is a KVWriteLoc, which kvcompat's write does not take",
-        ),
         ("(a or b).get_kv_buffer(0)", "its source text could not be located exactly"),
         (
             "pool.get_kv_buffer_shape()",

@@ -37,7 +37,9 @@ def codes(source: str) -> list[str]:
         ("pool.get_key_buffer(i).to(q.dtype)[loc]", ["KVC006"]),
         ("pool.get_key_buffer(i)[0].nbytes", []),  # the size of one row
         ("pool.get_key_buffer(i)", []),
-        ("kvcompat.adapt(pool).get_key_buffer(i)[loc]", []),
+        # The adapter's buffer is the storage: on DeepSeek-V4 pools [pages, page_bytes].
+        ("kvcompat.adapt(pool).get_key_buffer(i)[loc]", ["KVC006"]),
+        ("kvcompat.compat(pool).get_key_buffer(i)[loc]", []),  # a view: gathers by token
         ("pool.get_kv_buffer_shape()", ["KVC007"]),
         ("self.get_kv_buffer_shape(chunk, group)", []),  # another API (LMCache's)
         ("host_pool.k_buffer[0], self.mem_pool_host.kv_buffer[0][loc]", []),
@@ -1050,3 +1052,90 @@ def test_a_parameter_reassigned_after_the_probe_is_not_resolved_to_its_new_value
         pool = other
     """
     assert codes(source) == ["KVC003"]
+
+
+# -- KVC008 / KVC009: the buffers of kvcompat's key-first adapter ----------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # head-dim probes on the adapter's value buffer: packed page bytes on DeepSeek-V4
+        ("kvcompat.adapt(pool).get_value_buffer(0).shape[-1]", ["KVC008"]),
+        ("kvcompat.adapt(pool).get_value_buffer(0).size(-1)", ["KVC008"]),
+        ("kvcompat.adapt(pool).get_value_buffer(0).shape[2]", ["KVC008"]),
+        ("kvcompat.adapt(pool).get_kv_buffer(0)[1].shape[-1]", ["KVC008"]),
+        ("a = kvcompat.adapt(pool)\nv = a.get_value_buffer(i)\nd = v.shape[-1]", ["KVC008"]),
+        ("k, v = kvcompat.adapt(pool).get_kv_buffer(i)\nd = v.size(-1)", ["KVC008"]),
+        ("pool.kvcompat.get_value_buffer(0).shape[-1]", ["KVC008"]),  # a proxy's adapter
+        (
+            "def f(a: kvcompat.KVPoolProtocol):\n    return a.get_value_buffer(0).shape[-1]",
+            ["KVC008"],
+        ),
+        # rows of an unpacked get_kv_buffer result
+        ("k, v = kvcompat.adapt(pool).get_kv_buffer(i)\nx = k[loc]", ["KVC009"]),
+        ("k, v = kvcompat.adapt(pool).get_kv_buffer(i)\nx = v.index_select(0, loc)", ["KVC009"]),
+        ("k, v = kvcompat.adapt(pool).get_kv_buffer(i)\nk[loc] = x", ["KVC009"]),
+        ("kvcompat.adapt(pool).get_kv_buffer(i)[0][loc]", ["KVC009"]),
+        ("v = kvcompat.adapt(pool).get_value_buffer(i).to(dt)\nx = v[loc]", ["KVC009"]),
+        # what is fine: sizes of rows, whole-buffer use, compat views, rebinding, native
+        ("kvcompat.adapt(pool).get_value_buffer(0).shape[0]", []),
+        ("kvcompat.adapt(pool).get_value_buffer(0).data_ptr()", []),
+        ("k, v = kvcompat.adapt(pool).get_kv_buffer(i)\nengine.register(k, v)", []),
+        ("kvcompat.compat(pool).get_value_buffer(0).shape[-1]", []),
+        ("k, v = kvcompat.compat(pool).get_kv_buffer(i)\nx = k[loc]", []),
+        ("k, v = kvcompat.adapt(pool).get_kv_buffer(i)\nk = dense(k)\nx = k[loc]", []),
+        ("k, v = pool.get_kv_buffer(i)\nx = k[loc]", ["KVC002"]),  # the native call raises
+        ("k, _ = kvcompat.adapt(pool).get_kv_buffer(i)\nn = len(k)", []),
+        # a guard that the pool is not single-KV protects as for the other rules
+        (
+            (
+                "if not kvcompat.is_single_kv_pool(pool):\n"
+                "    d = kvcompat.adapt(pool).get_value_buffer(0).shape[-1]"
+            ),
+            [],
+        ),
+        ("d = kvcompat.adapt(pool).get_value_buffer(0).shape[-1]  # kvcompat: ignore[KVC008]", []),
+    ],
+)
+def test_adapter_buffers(source: str, expected: list[str]) -> None:
+    assert codes(source) == expected
+
+
+def test_adapter_buffer_messages_name_the_use_the_getter_and_the_pool() -> None:
+    source = "def f(pool, loc):\n    a = kvcompat.adapt(pool)\n    k, v = a.get_kv_buffer(3)\n"
+    source += "    return v.shape[-1], k[loc]\n"
+    probe, rows = scan_source(source)
+    assert (probe.line, probe.col, probe.code) == (4, 12, "KVC008")
+    assert probe.message.startswith(
+        "v.shape[-1] (the value buffer of a.get_kv_buffer(), line 3) — breaks on DeepSeek-V4 "
+        "single-KV pools (silently)"
+    )
+    assert "37440" in probe.message
+    assert probe.message.endswith(
+        "use kvcompat.compat(a.native).get_value_buffer(layer_id).shape[-1] instead"
+    )
+    assert (rows.line, rows.col, rows.code) == (4, 25, "KVC009")
+    assert "reads page rows" in rows.message
+    assert not probe.fixable
+    assert not rows.fixable
+
+
+def test_the_helpers_of_an_older_fix_are_raw_adapters() -> None:
+    legacy = (
+        "import kvcompat\n"
+        "def _kvcompat_adapter(pool):\n"
+        "    return kvcompat.adapt(pool)\n"
+        "def _kvcompat_get_value_buffer(pool, layer_id):\n"
+        "    try:\n"
+        "        return pool.get_value_buffer(layer_id)\n"
+        "    except NotImplementedError:\n"
+        "        return _kvcompat_adapter(pool).get_value_buffer(layer_id)\n"
+        "def probe(pool):\n"
+        "    return _kvcompat_get_value_buffer(pool, 0).shape[-1]\n"
+    )
+    [finding] = scan_source(legacy)
+    assert (finding.line, finding.code) == (10, "KVC008")
+    assert "older `kvcompat scan --fix`" in finding.message
+    current = legacy.replace("kvcompat.adapt(pool)", "kvcompat.compat(pool)")
+    assert scan_source(current) == []
