@@ -170,7 +170,7 @@ def _import_user_module(module_name: str) -> Any:
             "current directory; python -m kvcompat does)."
         )
         raise ValueError(msg) from None
-    except Exception as exc:  # noqa: BLE001 - a SyntaxError or RuntimeError at import time
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a SyntaxError, a RuntimeError...
         raise ValueError(_import_failed(module_name, exc)) from None
 
 
@@ -215,14 +215,14 @@ def _resolve_target(class_name: str) -> tuple[Any, str]:
         module_names = _SGLANG_POOL_MODULES if module_name is None else (str(module_name),)
         modules: list[Any] = []
         target = None
-        for module_name in module_names:
+        for name in module_names:
             try:
-                module = importlib.import_module(module_name)
+                module = importlib.import_module(name)
             except ImportError as exc:
-                msg = f"cannot import {module_name} ({exc}); is SGLang installed?"
+                msg = f"cannot import {name} ({exc}); is SGLang installed?"
                 raise ValueError(msg) from None
             except Exception as exc:  # noqa: BLE001 - a failure at import time, not missing
-                raise ValueError(_import_failed(module_name, exc)) from None
+                raise ValueError(_import_failed(name, exc)) from None
             modules.append(module)
             target = _lookup(module, attr)
             if target is not None:
@@ -344,7 +344,7 @@ def build_sglang_pool(class_name: str, kwargs: Mapping[str, Any]) -> Any:
     call = f"{display}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
     try:
         return target(**arguments)
-    except Exception as exc:  # noqa: BLE001 - reported with what was called and its parameters
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported with the call made
         msg = (
             f"{call} raised {type(exc).__name__}: {exc}.\n"
             f"Hint: check the values against {_parameters(signature).removeprefix('its ')}."

@@ -393,6 +393,10 @@ def raises(**kwargs):
     raise RuntimeError("the factory failed")
 
 
+def exits(**kwargs):
+    raise SystemExit(3)
+
+
 def positional(x, /):
     return x
 
@@ -443,6 +447,7 @@ INSPECT_BAD_INPUTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         {"sglang_class": f"{M}:raises"},
         (f"{M}:raises(device='cpu', enable_memory_saver=False) raised RuntimeError: the fac",),
     ),
+    ("factory-exits", {"sglang_class": f"{M}:exits"}, ("raised SystemExit: 3",)),
     ("import-raises", {"sglang_class": f"{M}_broken:X"}, ("RuntimeError: fails at import",)),
     ("import-syntax", {"sglang_class": f"{M}_syntax:X"}, (f"importing {M}_syntax failed: Syn",)),
     (
