@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -16,11 +17,13 @@ __all__ = ["AdapterBase", "Buffer", "require_attrs"]
 
 def _absent(native: Any, name: str) -> bool:
     try:
-        inspect.getattr_static(native, name)
+        found = inspect.getattr_static(native, name)
     except AttributeError:
         if inspect.getattr_static(type(native), "__getattr__", None) is None:
             return True
         return not hasattr(native, name)  # served by a __getattr__ only: the one code run
+    if isinstance(found, types.MemberDescriptorType):  # a __slots__ entry, maybe unset
+        return not hasattr(native, name)  # a slot read runs no user code
     return False
 
 

@@ -241,6 +241,27 @@ def test_an_mha_pool_without_dtype_names_dtype(build: Any) -> None:
     tried("bad input", 5)
 
 
+def test_unset_slots_count_as_missing_and_getattr_served_ones_as_present() -> None:
+    from kvcompat.adapters._base import require_attrs
+
+    class Slotted:
+        __slots__ = ("dtype", "page_size")
+
+    class Dynamic:
+        def __getattr__(self, name: str) -> Any:
+            if name == "dtype":
+                return torch.bfloat16
+            raise AttributeError(name)
+
+    slotted = Slotted()
+    slotted.page_size = 16
+    with pytest.raises(kvcompat.PoolStateError, match=r"Slotted has no attribute 'dtype', which"):
+        require_attrs(slotted, ("dtype", "page_size"), reader="X")
+    with pytest.raises(kvcompat.PoolStateError, match=r"no attribute 'page_size', which"):
+        require_attrs(Dynamic(), ("dtype", "page_size"), reader="X")
+    tried("bad input", 2)
+
+
 @pytest.mark.sglang
 def test_a_dsv4_token_pool_caught_mid_construction_names_the_missing_attribute() -> None:
     native = _builders().build_dsv4_token_pool()
