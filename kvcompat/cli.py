@@ -182,10 +182,16 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--sglang",
         metavar="CLASS",
-        help="build this SGLang pool class (e.g. MHATokenToKVPool) from KEY=VALUE arguments",
+        help=(
+            "build this pool and inspect it: an SGLang pool class (e.g. MHATokenToKVPool), "
+            "or any class or factory as package.module.Name or package.module:factory"
+        ),
     )
     inspect.add_argument(
-        "pool_args", nargs="*", metavar="KEY=VALUE", help="constructor arguments for --sglang"
+        "pool_args",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="constructor arguments for --sglang (size=64 dtype=bfloat16 ...)",
     )
     inspect.set_defaults(run=_inspect)
     doctor = commands.add_parser(

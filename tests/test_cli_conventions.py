@@ -1,6 +1,8 @@
 """The command line's conventions (docs/cli.md), each run as a user runs it: in a subprocess.
 
-Broken pipes end quietly; bad devices and bad arguments are one-line errors with exit 2;
+Broken pipes end quietly; bad devices and bad arguments are one-line errors with exit 2
+(every ``inspect --sglang`` failure too: a relative path, a module that fails to import,
+a factory that returns no pool, a pool kvcompat recognises but does not support);
 a bare ``kvcompat`` is a usage error with the help on stderr; ``--format json`` (and the
 ``--json`` alias) on every data command; ``scan``, ``--version`` and ``--help`` never
 import torch; no command prints torch's NumPy warning; long scans on a terminal show a
@@ -9,6 +11,7 @@ progress line on stderr, and never in a pipe.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pty
@@ -140,6 +143,78 @@ def test_bad_arguments_are_one_line_and_exit_2(args: list[str], command: str) ->
     line = _one_error_line(_run(*args), command)
     if command:
         assert line.startswith(f"kvcompat {command}: error: ")
+
+
+_USER_MODULES = {
+    "kvc_conventions_pools": (
+        "import collections\ndef ordered(**kw):\n    return collections.OrderedDict(kw)\n"
+    ),
+    "kvc_conventions_broken": "raise RuntimeError('fails at import')\n",
+}
+
+
+@pytest.fixture(scope="module")
+def user_path(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a process whose PYTHONPATH has the user modules above."""
+    folder = tmp_path_factory.mktemp("user_modules")
+    for name, source in _USER_MODULES.items():
+        (folder / f"{name}.py").write_text(source)
+    paths = [str(folder), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--sglang", ".kvc_conventions_pools:ordered"], "is a relative module path"),
+        (["--sglang", "kvc_conventions_pools:ordered"], "built a collections.OrderedDict"),
+        (["--json", "--sglang", "builtins.int"], "built a builtins.int (0)"),
+        (["--sglang", "kvc_conventions_broken:Pool"], "RuntimeError: fails at import"),
+        (["--sglang", "kvc_conventions_pools.nothing"], "no class or factory 'nothing'"),
+        (["--sglang", "collections.OrderedDict", "size"], "expected KEY=VALUE, got 'size'"),
+        (["size=3"], "KEY=VALUE arguments (size=3)"),
+    ],
+    ids=[
+        "relative",
+        "not-a-pool",
+        "builtin-json",
+        "import-fails",
+        "no-name",
+        "no-equals",
+        "args-without-sglang",
+    ],
+)
+def test_inspect_failures_are_one_line_with_a_hint_and_exit_2(
+    user_path: dict[str, str], args: list[str], says: str
+) -> None:
+    line = _one_error_line(_run("inspect", *args, env=user_path), "inspect")
+    assert says in line
+    assert "Hint: " in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+def test_inspect_of_a_recognised_but_unsupported_sglang_pool_is_one_line() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        from _sglang.env import prepare_sglang
+        prepare_sglang()
+        from kvcompat.cli import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    args = ["size=64", "page_size=16", "dtype=bfloat16", "head_num=2", "head_dim=8",
+            "layer_num=2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "tests")))}
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code, "inspect", "--sglang",
+         "NoOpMHATokenToKVPool", *args],
+        capture_output=True, text=True, check=False, cwd=ROOT, timeout=300, env=env,
+    )  # fmt: skip
+    line = _one_error_line(result, "inspect")
+    assert "built a sglang.srt.mem_cache.memory_pool.NoOpMHATokenToKVPool," in line
+    assert "but does not support it" in line
+    assert "Hint: " in line
 
 
 def test_bare_kvcompat_is_a_usage_error_with_help_on_stderr() -> None:

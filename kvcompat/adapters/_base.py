@@ -2,12 +2,66 @@
 
 from __future__ import annotations
 
+import inspect
+import types
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 
-__all__ = ["AdapterBase", "Buffer"]
+from kvcompat._errors import PoolStateError
+
+__all__ = ["AdapterBase", "Buffer", "require_attrs"]
+
+
+def _absent(native: Any, name: str) -> bool:
+    try:
+        found = inspect.getattr_static(native, name)
+    except AttributeError:
+        if inspect.getattr_static(type(native), "__getattr__", None) is None:
+            return True
+        return not hasattr(native, name)  # served by a __getattr__ only: the one code run
+    if isinstance(found, types.MemberDescriptorType):  # a __slots__ entry, maybe unset
+        return not hasattr(native, name)  # a slot read runs no user code
+    return False
+
+
+def require_attrs(native: Any, names: Sequence[str], *, reader: str) -> None:
+    """Raise :class:`~kvcompat.PoolStateError` naming every attribute of ``names`` ``native`` lacks.
+
+    The one check of what an adapter reads from its pool, run before anything is read,
+    so a pool caught half-built (or after its attributes were deleted) is refused with
+    the names of *all* the missing attributes, never with whichever one happened to be
+    read first. Presence is tested with ``inspect.getattr_static``: no property runs.
+
+    Args:
+        native: the engine's pool.
+        names: the attributes ``reader`` needs.
+        reader: who reads them, for the message (``"kvcompat's SplitAdapter"``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from kvcompat.adapters._base import require_attrs
+        >>> try:
+        ...     require_attrs(SimpleNamespace(k_buffer=[]), ("k_buffer", "dtype"), reader="X")
+        ... except Exception as exc:
+        ...     print(str(exc).split(",")[0])
+        SimpleNamespace has no attribute 'dtype'
+    """
+    missing = [name for name in dict.fromkeys(names) if _absent(native, name)]
+    if not missing:
+        return
+    listed = ", ".join(repr(name) for name in missing)
+    noun = "attribute" if len(missing) == 1 else "attributes"
+    msg = (
+        f"{type(native).__qualname__} has no {noun} {listed}, which {reader} reads: the "
+        "pool is half-built (caught before its constructor returned), or its buffers were "
+        "released or not allocated.\n"
+        "Hint: adapt the pool after its constructor has returned; after _clear_buffers(), "
+        "adapt it again once it has buffers."
+    )
+    raise PoolStateError(msg)
 
 
 @dataclass(frozen=True)
@@ -62,6 +116,15 @@ class AdapterBase:
     buffers: ClassVar[tuple[Buffer, ...]] = ()
     """The native buffers this adapter's pools keep (see :class:`Buffer`)."""
 
+    def _native_attr(self, name: str) -> Any:
+        """``native.<name>``; a missing one is a :class:`~kvcompat.PoolStateError` naming it."""
+        try:
+            return getattr(self._native, name)
+        except AttributeError:
+            reader = f"kvcompat's {type(self).__name__} ({self._name})"
+            require_attrs(self._native, (name,), reader=reader)
+            raise  # present, but its getter raised: not ours to rename
+
     @property
     def name(self) -> str:
         """The native class name, or the component name inside a composite.
@@ -85,7 +148,7 @@ class AdapterBase:
             >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=16)).size
             16
         """
-        return int(self._native.size)
+        return int(self._native_attr("size"))
 
     @property
     def page_size(self) -> int:
@@ -97,7 +160,7 @@ class AdapterBase:
             >>> kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=8)).page_size
             8
         """
-        return int(self._native.page_size)
+        return int(self._native_attr("page_size"))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -109,7 +172,7 @@ class AdapterBase:
             >>> kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=64, page_size=64)).dtype
             torch.float8_e4m3fn
         """
-        dtype: torch.dtype = self._native.dtype
+        dtype: torch.dtype = self._native_attr("dtype")
         return dtype
 
     @property

@@ -29,7 +29,7 @@ from kvcompat._errors import (
     WriteError,
 )
 from kvcompat._protocol import KVPair, KVPoolProtocol, PoolKind
-from kvcompat.adapters._base import AdapterBase, Buffer
+from kvcompat.adapters._base import AdapterBase, Buffer, require_attrs
 from kvcompat.adapters._io import (
     Impl,
     LayerLayout,
@@ -136,6 +136,10 @@ class LeafAdapter(AdapterBase):
     """Whether the native getters wait on ``layer_transfer_counter``."""
     returns: ClassVar[tuple[str, str]] = ("", "")
     """What ``get_key_buffer`` and ``get_value_buffer`` return, in words (for the docs)."""
+    native_attrs: ClassVar[tuple[str, ...]] = ("dtype", "page_size")
+    """Plain attributes the adapter reads from the pool besides its buffer lists; a pool
+    without one of them (or of :attr:`source_attr` / :attr:`value_attr`) is refused
+    with :class:`~kvcompat.PoolStateError` naming every missing one."""
 
     __slots__ = (
         "_component",
@@ -174,6 +178,7 @@ class LeafAdapter(AdapterBase):
         if waits is None:
             waits = self.native_waits if wait_owner is None else True
         self._waits = waits
+        self._require()
         source = self._buffer_list(self.source_attr)
         self._slots: dict[int, int] = dict(
             default_slots(native, source) if slots is None else slots
@@ -255,6 +260,11 @@ class LeafAdapter(AdapterBase):
         """
         return None
 
+    def _require(self) -> None:
+        attrs = (self.source_attr, *((self.value_attr,) if self.value_attr else ()))
+        reader = f"kvcompat's {type(self).__name__} ({self._name})"
+        require_attrs(self._native, (*attrs, *self.native_attrs), reader=reader)
+
     def _buffer_list(self, attr: str) -> Any:
         """The native per-layer list ``attr``, or :class:`~kvcompat.PoolStateError`."""
         try:
@@ -295,16 +305,12 @@ class LeafAdapter(AdapterBase):
         return entry
 
     def _refresh(self) -> None:
+        self._require()
         source = self._buffer_list(self.source_attr)
         values = None if self.value_attr is None else self._buffer_list(self.value_attr)
-        count = len(source)
-        bad = sorted(layer for layer, slot in self._slots.items() if not 0 <= slot < count)
-        if bad:
-            msg = (
-                f"{self._name}: layers {bad} map to buffer slots outside the "
-                f"{count} buffers of {type(self._native).__qualname__}.{self.source_attr}."
-            )
-            raise PoolStateError(msg)
+        for attr, listing in ((self.source_attr, source), (self.value_attr, values)):
+            if listing is not None:
+                self._check_slots(str(attr), len(listing))
         keys: dict[int, tuple[torch.Tensor, int, Any]] = {}
         value_table: dict[int, tuple[torch.Tensor, int, Any]] = {}
         pairs: dict[int, tuple[KVPair, int, Any, Any]] = {}
@@ -334,6 +340,33 @@ class LeafAdapter(AdapterBase):
         self._keys, self._values, self._pairs = keys, value_table, pairs
         self._layouts = {}
         self._source, self._value_source = source, values
+
+    def _check_slots(self, attr: str, count: int) -> None:
+        bad = {layer: slot for layer, slot in self._slots.items() if not 0 <= slot < count}
+        if not bad:
+            return
+        where = f"{type(self._native).__qualname__}.{attr}"
+        outside = (
+            f"layers {sorted(bad)} map to slots {sorted(set(bad.values()))}, outside the "
+            f"{count} buffer{'' if count == 1 else 's'} of {where}"
+        )
+        if self._source is None:  # building the adapter: the pool disagrees with itself
+            msg = (
+                f"{self._name}: {outside}: the pool's layer mapping and its buffer list "
+                "disagree, so those layers have no buffer of their own.\n"
+                "Hint: build the pool with one buffer per layer it serves (for a pipeline "
+                "stage, pass its start_layer and end_layer); describe() still shows the "
+                "pool as it is."
+            )
+        else:
+            msg = (
+                f"{self._name}: {outside}: the native pool's buffer list changed after "
+                "kvcompat.adapt (it was rebuilt or resized), and this adapter keeps the "
+                "layer -> slot map it was built with.\n"
+                "Hint: adapt the pool again after it is rebuilt or resized "
+                "(pool = kvcompat.adapt(native))."
+            )
+        raise PoolStateError(msg)
 
     def _fresh(self, layer_id: int) -> None:
         """The getters' slow path: an unserved layer id, or storage that changed."""
@@ -465,6 +498,7 @@ class LeafAdapter(AdapterBase):
         layer = layer_id if type(layer_id) is int else coerce_layer_id(layer_id, self._name)
         found = self._layouts.get(layer)
         if found is None:
+            self._require()  # the layout is read from plain attributes of the pool
             entry = self._values.get(layer)
             value = None if entry is None else entry[0]
             found = self.detect_layout(layer, key, value)
@@ -861,6 +895,7 @@ class LatentAdapter(LeafAdapter):
 
     kind = PoolKind.LATENT
     source_attr = "kv_buffer"
+    native_attrs = ("dtype", "page_size", "kv_lora_rank")
     buffers: ClassVar[tuple[Buffer, ...]] = (
         Buffer("kv_buffer", "latent", rows="token", value_prefix="kv_lora_rank"),
         Buffer("kv_scale_buffer", "key_scales", group="kv_scale"),
@@ -1034,6 +1069,7 @@ class IndexKeyAdapter(KeyOnlyAdapter):
     """
 
     source_attr = "index_k_with_scale_buffer"
+    native_attrs = ("page_size",)
     native_waits = False
     buffers: ClassVar[tuple[Buffer, ...]] = (
         Buffer("index_k_with_scale_buffer", "index_keys", rows="page"),

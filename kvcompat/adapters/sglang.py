@@ -25,7 +25,7 @@ import torch
 from kvcompat._errors import LayoutError, UnsupportedPoolError
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat._registry import Family, _install, adapt_part
-from kvcompat.adapters._base import Buffer
+from kvcompat.adapters._base import Buffer, require_attrs
 from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
 from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._leaf import (
@@ -177,6 +177,10 @@ def dsv4_compressed_pools(
     return found[0], found[1]
 
 
+_DSV4_TOKEN_POOL_ATTRS = ("swa_kv_pool", "_stage_start", "_stage_end", "layer_mapping")
+"""What :func:`adapt_dsv4_token_pool` reads besides the compressed pools (every release)."""
+
+
 def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
     """Adapt ``DeepSeekV4TokenToKVPool``: sliding-window, compressed and indexer parts.
 
@@ -194,7 +198,9 @@ def adapt_dsv4_token_pool(native: Any) -> KVPoolProtocol:
         'adapt_dsv4_token_pool'
     """
     owner = type(native).__name__
-    swa_pool = getattr(native, "swa_kv_pool", None)
+    # Absent (caught mid-construction) and None (unified_kv / request-window mode) differ.
+    require_attrs(native, _DSV4_TOKEN_POOL_ATTRS, reader=f"kvcompat's {owner} adapter")
+    swa_pool = native.swa_kv_pool
     if swa_pool is None:
         msg = (
             f"{owner} keeps its sliding-window KV outside a paged pool (unified_kv or "

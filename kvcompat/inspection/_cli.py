@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import functools
 import importlib.metadata
 import importlib.util
@@ -37,9 +38,11 @@ import torch
 import kvcompat
 from kvcompat import _registry
 from kvcompat._demo import build_demo_pools
-from kvcompat._registry import Family
+from kvcompat._errors import KVCompatError, UnsupportedPoolError
+from kvcompat._registry import Family, qualified_name
 from kvcompat.inspection._manifest import describe
-from kvcompat.inspection._memory import memory_report
+from kvcompat.inspection._memory import MemoryReport, memory_report
+from kvcompat.inspection._model import PoolManifest
 
 __all__ = [
     "KVCacheClass",
@@ -82,7 +85,7 @@ def parse_pool_args(items: Sequence[str]) -> dict[str, Any]:
     """Constructor arguments from ``KEY=VALUE`` strings (ints, floats, bools, dtypes, JSON).
 
     Raises:
-        ValueError: an item without ``=``.
+        ValueError: an item without ``=`` or without a key, or a key given twice.
 
     Example:
         >>> from kvcompat.inspection._cli import parse_pool_args
@@ -92,56 +95,334 @@ def parse_pool_args(items: Sequence[str]) -> dict[str, Any]:
     parsed: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            msg = f"expected KEY=VALUE, got {item!r}; e.g. size=64 dtype=bfloat16 layer_num=2."
+        key = key.strip()
+        if not sep or not key:
+            msg = (
+                f"expected KEY=VALUE, got {item!r}.\n"
+                "Hint: write constructor arguments as e.g. size=64 dtype=bfloat16 "
+                "layer_num=2 (no spaces around '=')."
+            )
             raise ValueError(msg)
-        parsed[key.strip()] = _parse_value(value)
+        if key in parsed:
+            msg = (
+                f"the constructor argument {key} is given twice ({parsed[key]!r} and "
+                f"{_parse_value(value)!r}).\nHint: give each KEY=VALUE once."
+            )
+            raise ValueError(msg)
+        parsed[key] = _parse_value(value)
     return parsed
 
 
-def build_sglang_pool(class_name: str, kwargs: Mapping[str, Any]) -> Any:
-    """Import SGLang's pool class (by name or ``module.Class``) and construct it.
+_SGLANG_DEFAULTS: Mapping[str, Any] = {"device": "cpu", "enable_memory_saver": False}
+_TARGET_FORMS = "Name, package.module.Name or package.module:factory"
 
-    ``device="cpu"`` and ``enable_memory_saver=False`` are defaults. This imports
-    sglang, on purpose: the user asked for one of its pools.
+
+def _one_line(text: str) -> str:
+    """A message as the one line the command line prints (``docs/cli.md``)."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _split_target(text: str) -> tuple[str | None, str]:
+    """``(module or None, attribute path)`` of ``--sglang``'s ``Name``, ``a.b.Name``, ``a.b:f``."""
+    if ":" in text:
+        module, _, attr = text.partition(":")
+    elif "." in text:
+        module, _, attr = text.rpartition(".")
+    else:
+        return None, _checked_name(text, text)
+    if module.startswith("."):
+        msg = (
+            f"--sglang {text!r} is a relative module path; kvcompat imports absolute paths "
+            "only (there is no package to resolve it against).\n"
+            "Hint: write the path from its top-level package, e.g. "
+            "--sglang mypackage.pools:make_pool, with the package importable (installed, or "
+            "its folder on PYTHONPATH)."
+        )
+        raise ValueError(msg)
+    if not all(piece.isidentifier() for piece in module.split(".")):
+        msg = (
+            f"--sglang {text!r}: {module!r} is not a module path.\n"
+            f"Hint: give {_TARGET_FORMS} (e.g. MHATokenToKVPool)."
+        )
+        raise ValueError(msg)
+    return module, _checked_name(attr, text)
+
+
+def _checked_name(attr: str, text: str) -> str:
+    if not attr or not all(piece.isidentifier() for piece in attr.split(".")):
+        what = f"{attr!r} is not a name" if attr else "names no class"
+        msg = f"--sglang {text!r}: {what}.\nHint: give {_TARGET_FORMS} (e.g. MHATokenToKVPool)."
+        raise ValueError(msg)
+    return attr
+
+
+def _import_failed(module_name: str, exc: BaseException) -> str:
+    return (
+        f"importing {module_name} failed: {type(exc).__name__}: {exc}.\n"
+        f'Hint: fix that error (python -c "import {module_name}" shows its traceback), or '
+        "install what the module imports."
+    )
+
+
+def _import_user_module(module_name: str) -> Any:
+    """A module of the user's (not SGLang's), or ValueError saying why it cannot be imported."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if not missing or not (module_name + ".").startswith(missing + "."):
+            raise ValueError(_import_failed(module_name, exc)) from None  # a dependency
+        msg = (
+            f"cannot import {module_name}: there is no module {missing!r} on this Python's "
+            "path.\n"
+            "Hint: check the spelling; a module of your own must be importable: install it, "
+            "or put its folder on PYTHONPATH (the kvcompat command does not look in the "
+            "current directory; python -m kvcompat does)."
+        )
+        raise ValueError(msg) from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a SyntaxError, a RuntimeError...
+        raise ValueError(_import_failed(module_name, exc)) from None
+
+
+def _lookup(module: Any, attr: str) -> Any:
+    target = module
+    for piece in attr.split("."):
+        target = getattr(target, piece, None)
+        if target is None:
+            return None
+    return target
+
+
+def _not_found(attr: str, modules: Sequence[Any], *, sglang: bool) -> str:
+    names = sorted(
+        {
+            name
+            for module in modules
+            for name, value in vars(module).items()
+            if not name.startswith("_") and (isinstance(value, type) or not sglang)
+            if callable(value)
+        }
+    )
+    close = difflib.get_close_matches(attr.rsplit(".", 1)[-1], names, n=3)
+    where = ", ".join(module.__name__ for module in modules)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    if sglang:
+        hint += (
+            "kvcompat doctor lists the KVCache classes of the installed SGLang; give one "
+            "elsewhere by its path (e.g. --sglang sglang.srt.mem_cache.memory_pool.Name)."
+        )
+    else:
+        hint += f'python -c "import {where}; print(dir({where}))" lists what it defines.'
+    kind = "pool class" if sglang else "class or factory"
+    return f"no {kind} {attr!r} in {where}.\nHint: {hint}"
+
+
+def _resolve_target(class_name: str) -> tuple[Any, str]:
+    """The class or factory ``--sglang`` names, and how to call it in messages."""
+    module_name, attr = _split_target(class_name)
+    sglang = module_name is None or module_name.partition(".")[0] == "sglang"
+    if sglang:
+        module_names = _SGLANG_POOL_MODULES if module_name is None else (str(module_name),)
+        modules: list[Any] = []
+        target = None
+        for name in module_names:
+            try:
+                module = importlib.import_module(name)
+            except ImportError as exc:  # names the missing dependency and the fix
+                raise ValueError(_import_error(name, exc)) from None
+            except Exception as exc:  # noqa: BLE001 - a failure at import time, not missing
+                raise ValueError(_import_failed(name, exc)) from None
+            modules.append(module)
+            target = _lookup(module, attr)
+            if target is not None:
+                break
+    else:
+        modules = [_import_user_module(str(module_name))]
+        target = _lookup(modules[0], attr)
+    if target is None:
+        raise ValueError(_not_found(attr, modules, sglang=sglang))
+    display = attr if module_name is None else class_name
+    if not callable(target):
+        msg = (
+            f"--sglang {class_name}: {display} is {_received(target)}, not a class or a "
+            "factory function.\n"
+            "Hint: give a pool class (e.g. MHATokenToKVPool) or a function that returns a "
+            "pool (package.module:factory)."
+        )
+        raise ValueError(msg)
+    return target, display
+
+
+def _parameters(signature: inspect.Signature | None) -> str:
+    if signature is None:
+        return "its parameters are unknown (no signature)"
+    shown = [str(p.replace(annotation=p.empty)) for p in signature.parameters.values()]
+    return f"its parameters: {', '.join(shown) or 'none'}"
+
+
+def _check_arguments(
+    display: str, signature: inspect.Signature, arguments: Mapping[str, Any]
+) -> None:
+    """Refuse arguments the callable cannot take before calling it, naming each one."""
+    params = signature.parameters
+    by_keyword = {
+        name: p for name, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unexpected = [key for key in arguments if key not in by_keyword and not any_keyword]
+    if unexpected:
+        guesses = [
+            f"{key} (did you mean {close[0]}?)"
+            if (close := difflib.get_close_matches(key, list(by_keyword), n=1))
+            else key
+            for key in unexpected
+        ]
+        msg = (
+            f"{display} takes no argument {', '.join(guesses)}.\n"
+            f"Hint: pass only its parameters as KEY=VALUE; {_parameters(signature)}."
+        )
+        raise ValueError(msg)
+    positional = [
+        name for name, p in params.items() if p.kind is p.POSITIONAL_ONLY and p.default is p.empty
+    ]
+    if positional:
+        msg = (
+            f"{display} needs positional-only arguments ({', '.join(positional)}), which "
+            "KEY=VALUE cannot give.\n"
+            "Hint: wrap it in a factory function that takes keyword arguments and give "
+            "--sglang package.module:factory."
+        )
+        raise ValueError(msg)
+    missing = [name for name, p in by_keyword.items() if p.default is p.empty]
+    missing = [name for name in missing if name not in arguments]
+    if missing:
+        msg = (
+            f"{display} needs {', '.join(missing)}, which {'was' if len(missing) == 1 else 'were'}"
+            " not given.\n"
+            f"Hint: pass {'it' if len(missing) == 1 else 'them'} as KEY=VALUE, e.g. "
+            f"{' '.join(f'{name}=...' for name in missing)}; {_parameters(signature)}."
+        )
+        raise ValueError(msg)
+
+
+def build_sglang_pool(class_name: str, kwargs: Mapping[str, Any]) -> Any:
+    """Import SGLang's pool class (or any class or factory, by path) and call it.
+
+    ``class_name`` is a class of SGLang's pool modules (``MHATokenToKVPool``), a
+    dotted path (``package.module.Name``) or ``package.module:factory``.
+    ``device="cpu"`` and ``enable_memory_saver=False`` are defaults where the
+    callable takes them. This imports sglang, on purpose: the user asked for one of
+    its pools.
 
     Raises:
-        ValueError: the class cannot be found, or the constructor rejects the arguments.
+        ValueError: the name is malformed or not found, its module cannot be imported,
+            the arguments do not fit, or the call fails; the message says what was
+            received and ends with a ``Hint:``.
 
     Example:
         >>> from kvcompat.inspection._cli import build_sglang_pool
         >>> try:
-        ...     build_sglang_pool("nosuchpackage.Pool", {})
+        ...     build_sglang_pool(".pools:make_pool", {})
         ... except ValueError as exc:
         ...     print(str(exc).split(";")[0])
-        cannot import nosuchpackage (No module named 'nosuchpackage')
+        --sglang '.pools:make_pool' is a relative module path
     """
-    if "." in class_name:
-        module_names: tuple[str, ...] = (class_name.rsplit(".", 1)[0],)
-        name = class_name.rsplit(".", 1)[1]
-    else:
-        module_names, name = _SGLANG_POOL_MODULES, class_name
-    cls = None
-    for module_name in module_names:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # noqa: BLE001 -- a broken dependency raises anything
-            raise ValueError(_import_error(module_name, exc)) from None
-        cls = getattr(module, name, None)
-        if cls is not None:
-            break
-    if not isinstance(cls, type):
-        msg = f"no pool class {class_name!r} in {', '.join(module_names)}."
-        raise ValueError(msg)
-    arguments = {"device": "cpu", "enable_memory_saver": False, **kwargs}
+    target, display = _resolve_target(class_name)
     try:
-        return cls(**arguments)
-    except Exception as exc:  # noqa: BLE001 - reported with the constructor's signature
+        signature: inspect.Signature | None = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins and C types may have none
+        signature = None
+    defaults: dict[str, Any] = {}
+    if signature is not None:
+        params = signature.parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        defaults = {
+            key: value
+            for key, value in _SGLANG_DEFAULTS.items()
+            if takes_any or (key in params and params[key].kind is not params[key].POSITIONAL_ONLY)
+        }
+    arguments = {**defaults, **kwargs}
+    if inspect.isclass(target) and inspect.isabstract(target):
         msg = (
-            f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in arguments.items())}) failed: "
-            f"{type(exc).__name__}: {exc}\nits parameters: {inspect.signature(cls)}"
+            f"{display} is an abstract class; it cannot be built.\n"
+            "Hint: give one of its concrete subclasses (kvcompat doctor lists SGLang's)."
+        )
+        raise ValueError(msg)
+    if signature is not None:
+        _check_arguments(display, signature, arguments)
+    call = f"{display}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+    try:
+        return target(**arguments)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported with the call made
+        msg = (
+            f"{call} raised {type(exc).__name__}: {exc}.\n"
+            f"Hint: check the values against {_parameters(signature).removeprefix('its ')}."
         )
         raise ValueError(msg) from None
+
+
+def _received(value: Any, limit: int = 60) -> str:
+    """``a module.Type`` and, when it says more than the type, a short repr: ``(0)``."""
+    got = f"a {qualified_name(type(value))}"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a failing repr: the type still names it
+        return got
+    if text.startswith("<"):  # object.__repr__: nothing the type does not say
+        return got
+    return f"{got} ({text if len(text) <= limit else text[: limit - 3] + '...'})"
+
+
+def _inspect_one(native: Any, what: str) -> tuple[PoolManifest, MemoryReport]:
+    """``describe`` and ``memory_report`` of what ``what`` built, or ValueError saying why not."""
+    try:
+        manifest = describe(native)
+        return manifest, memory_report(manifest)
+    except UnsupportedPoolError as exc:
+        text = str(exc)
+        if text.startswith("describe() needs"):  # the first line repeats what we say
+            text = text.partition("\n")[2] or text
+        reason = text
+    except KVCompatError as exc:
+        reason = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a kvcompat bug must still be one line
+        reason = (
+            f"{type(exc).__name__}: {exc}.\nHint: if it is a supported pool, this is a "
+            "kvcompat bug: please report it with the output of kvcompat doctor."
+        )
+    msg = f"{what} built {_received(native)}, which kvcompat cannot inspect: {reason}"
+    raise ValueError(msg)
+
+
+def _pools(
+    source: str, sglang_class: str | None, pool_args: Sequence[str]
+) -> tuple[str, dict[str, Any]]:
+    """``(source, {name: pool})`` the arguments ask for, or ValueError."""
+    if sglang_class is None:
+        if pool_args:
+            msg = (
+                f"KEY=VALUE arguments ({' '.join(pool_args)}) are constructor arguments for "
+                "--sglang CLASS, and no --sglang was given.\n"
+                "Hint: add --sglang CLASS (e.g. --sglang MHATokenToKVPool), or drop them to "
+                "inspect the demo pools."
+            )
+            raise ValueError(msg)
+        if source not in _SOURCES:
+            msg = (
+                f"unknown source {source!r}; choose one of: {', '.join(_SOURCES)}.\n"
+                "Hint: --source demo inspects the reference pools; --sglang CLASS "
+                "KEY=VALUE... builds an SGLang pool and inspects it."
+            )
+            raise ValueError(msg)
+        return source, build_demo_pools()
+    if source != "demo":
+        msg = (
+            f"--source {source!r} and --sglang {sglang_class!r} were both given.\n"
+            "Hint: give one: --sglang builds the pool it inspects."
+        )
+        raise ValueError(msg)
+    kwargs = parse_pool_args(pool_args)
+    return "sglang", {sglang_class: build_sglang_pool(sglang_class, kwargs)}
 
 
 def run_inspect(
@@ -155,13 +436,18 @@ def run_inspect(
 ) -> int:
     """Print the manifest tree and memory report of each demo pool; returns the exit status.
 
+    Every failure (a bad argument, a class that cannot be imported or built, an object
+    kvcompat cannot inspect) prints one line, ``kvcompat inspect: error: ...`` with what
+    was received and a ``Hint:``, to ``err`` and returns 2; nothing goes to ``out``.
+
     Args:
         out: where to print.
         source: which pools to inspect; ``"demo"`` (the reference MHA, MLA and
             DeepSeek-V4 pools of ``kvcompat demo``) unless ``sglang_class`` is given.
         json: print one JSON document instead of text.
-        sglang_class: an SGLang pool class (``MHATokenToKVPool`` or a dotted path)
-            to build from ``pool_args`` (``KEY=VALUE`` strings) and inspect.
+        sglang_class: an SGLang pool class (``MHATokenToKVPool``), a dotted path or
+            ``package.module:factory``, to build from ``pool_args`` (``KEY=VALUE``
+            strings) and inspect.
         pool_args: the constructor arguments of ``sglang_class``.
         err: where to print an error (the command line passes stderr); ``out``
             when None. Errors return 2.
@@ -174,33 +460,24 @@ def run_inspect(
         0
         >>> sorted(json.loads(buf.getvalue())["pools"])
         ['DeepSeek-V4 single-KV', 'MHA', 'MLA']
+        >>> run_inspect(buf, sglang_class="builtins.int", err=sys.stdout)  # doctest: +ELLIPSIS
+        kvcompat inspect: error: --sglang builtins.int built a builtins.int (0), which ...
+        2
     """
     err = out if err is None else err
-    if sglang_class is not None:
-        try:
-            pools = {sglang_class: build_sglang_pool(sglang_class, parse_pool_args(pool_args))}
-        except ValueError as exc:
-            print(f"kvcompat inspect: error: {exc}", file=err)
-            return 2
-        source = "sglang"
-    elif source not in _SOURCES:
-        print(
-            f"kvcompat inspect: error: unknown source {source!r}; "
-            f"choose one of: {', '.join(_SOURCES)}.",
-            file=err,
-        )
+    try:
+        source, pools = _pools(source, sglang_class, pool_args)
+        what = f"--sglang {sglang_class}"
+        reports = {name: _inspect_one(native, what) for name, native in pools.items()}
+    except ValueError as exc:
+        print(f"kvcompat inspect: error: {_one_line(str(exc))}", file=err)
         return 2
-    else:
-        pools = build_demo_pools()
     if json:
         document = {
             "source": source,
             "pools": {
-                name: {
-                    "manifest": describe(native).to_dict(),
-                    "memory": memory_report(native).to_dict(),
-                }
-                for name, native in pools.items()
+                name: {"manifest": manifest.to_dict(), "memory": memory.to_dict()}
+                for name, (manifest, memory) in reports.items()
             },
         }
         print(_json.dumps(document, indent=2), file=out)
@@ -212,13 +489,12 @@ def run_inspect(
             f"kvcompat inspect: the {len(pools)} demo pools (reference pools, pure torch)",
             file=out,
         )
-    for name, native in pools.items():
-        manifest = describe(native)
+    for name, (manifest, memory) in reports.items():
         print("", file=out)
         print(f"== {name} ==", file=out)
         print(manifest, file=out)
         print("", file=out)
-        print(memory_report(manifest), file=out)
+        print(memory, file=out)
     return 0
 
 

@@ -6,11 +6,17 @@ built-in a caller already catches, and every storage reachable from the pool, th
 and the arguments must hash as before. Hypothesis then places NaN, inf and just-too-large
 values at random positions of random writes, and checks the converse: whatever the
 overflow check accepts reads back finite.
+
+``kvcompat inspect`` gets the same treatment: every bad ``--sglang`` name, module,
+factory, argument or built object exits 2 with one line that says what was received
+and ends with a ``Hint:``, and prints nothing to stdout.
 """
 
 from __future__ import annotations
 
+import io
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvcompat
+from kvcompat.inspection._cli import run_inspect
 from kvcompat.layouts import dequantize, quantize
 from kvcompat.layouts._validate import value_limits
 
@@ -365,3 +372,203 @@ def test_values_that_require_grad_do_not_pull_the_pool_into_a_graph(
         assert not tensor.requires_grad
         assert tensor.grad_fn is None
     tried("bad input")
+
+
+# -- kvcompat inspect: every bad input is one line, exit 2 -------------------------------------
+
+_USER_MODULE = "kvc_adv_inspect_pools"
+_USER_SOURCES = {
+    _USER_MODULE: """
+import abc
+import collections
+
+from kvcompat.testing import ReferenceMHATokenToKVPool
+
+
+def ordered(**kwargs):
+    return collections.OrderedDict(kwargs)
+
+
+def raises(**kwargs):
+    raise RuntimeError("the factory failed")
+
+
+def exits(**kwargs):
+    raise SystemExit(3)
+
+
+def positional(x, /):
+    return x
+
+
+def reference(size=16, layer_num=2, **_):
+    return ReferenceMHATokenToKVPool(size, 16, layer_num=layer_num)
+
+
+def half_built(**_):  # a pool caught before its constructor returned
+    pool = ReferenceMHATokenToKVPool(16, 16, layer_num=2)
+    del pool.dtype
+    return pool
+
+
+class NeedsArgs:
+    def __init__(self, head_num, head_dim):
+        pass
+
+
+class Abstract(abc.ABC):
+    @abc.abstractmethod
+    def run(self):
+        pass
+
+
+NOT_CALLABLE = 3
+""",
+    f"{_USER_MODULE}_broken": 'raise RuntimeError("fails at import")\n',
+    f"{_USER_MODULE}_syntax": "def f(:\n",
+    f"{_USER_MODULE}_dep": "import kvcompat_no_such_dependency\n",
+}
+
+M = _USER_MODULE
+# (id, run_inspect keyword arguments, what the one line must say besides "Hint:")
+INSPECT_BAD_INPUTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    ("relative-colon", {"sglang_class": f".{M}:ordered"}, ("is a relative module path",)),
+    ("relative-dots", {"sglang_class": "..pools.Pool"}, ("'..pools.Pool' is a relative",)),
+    ("empty", {"sglang_class": ""}, ("--sglang '': names no class",)),
+    ("no-name", {"sglang_class": f"{M}:"}, (f"--sglang '{M}:': names no class",)),
+    ("bad-module-path", {"sglang_class": "a-b.Pool"}, ("'a-b' is not a module path",)),
+    ("bad-name", {"sglang_class": f"{M}:1x"}, ("'1x' is not a name",)),
+    ("not-a-pool", {"sglang_class": f"{M}:ordered"}, ("built a collections.OrderedDict (",)),
+    ("builtin-int", {"sglang_class": "builtins.int"}, ("built a builtins.int (0)",)),
+    ("class-not-pool", {"sglang_class": "collections.OrderedDict"}, ("OrderedDict())",)),
+    ("half-built", {"sglang_class": f"{M}:half_built"}, ("has no attribute 'dtype'",)),
+    (
+        "factory-raises",
+        {"sglang_class": f"{M}:raises"},
+        (f"{M}:raises(device='cpu', enable_memory_saver=False) raised RuntimeError: the fac",),
+    ),
+    ("factory-exits", {"sglang_class": f"{M}:exits"}, ("raised SystemExit: 3",)),
+    ("import-raises", {"sglang_class": f"{M}_broken:X"}, ("RuntimeError: fails at import",)),
+    ("import-syntax", {"sglang_class": f"{M}_syntax:X"}, (f"importing {M}_syntax failed: Syn",)),
+    (
+        "import-dependency",
+        {"sglang_class": f"{M}_dep:X"},
+        ("No module named 'kvcompat_no_such_dependency'",),
+    ),
+    (
+        "no-module",
+        {"sglang_class": "kvcompat_no_such_module.Pool"},
+        ("no module 'kvcompat_no_such_module'", "PYTHONPATH"),
+    ),
+    ("no-attribute", {"sglang_class": f"{M}.Nothing"}, (f"no class or factory 'Nothing' in {M}",)),
+    ("not-callable", {"sglang_class": f"{M}.NOT_CALLABLE"}, ("is a builtins.int (3), not a",)),
+    ("a-module", {"sglang_class": "os.path"}, ("os.path is a builtins.module",)),
+    ("abstract", {"sglang_class": f"{M}.Abstract"}, (f"{M}.Abstract is an abstract class",)),
+    ("positional-only", {"sglang_class": f"{M}:positional"}, ("positional-only arguments (x)",)),
+    (
+        "missing-args",
+        {"sglang_class": f"{M}.NeedsArgs"},
+        ("needs head_num, head_dim, which were not given", "e.g. head_num=... head_dim=..."),
+    ),
+    (
+        "unknown-kwarg",
+        {"sglang_class": f"{M}.NeedsArgs", "pool_args": ["head_num=2", "head_dim=8", "bogus=1"]},
+        ("takes no argument bogus", "its parameters: head_num, head_dim"),
+    ),
+    (
+        "misspelt-kwarg",
+        {"sglang_class": f"{M}.NeedsArgs", "pool_args": ["head-num=2", "head_dim=8"]},
+        ("head-num (did you mean head_num?)",),
+    ),
+    ("no-equals", {"sglang_class": f"{M}:reference", "pool_args": ["size"]}, ("got 'size'",)),
+    ("no-key", {"sglang_class": f"{M}:reference", "pool_args": ["=3"]}, ("got '=3'",)),
+    (
+        "twice",
+        {"sglang_class": f"{M}:reference", "pool_args": ["size=1", "size=2"]},
+        ("size is given twice (1 and 2)",),
+    ),
+    ("args-without-sglang", {"pool_args": ["size=3"]}, ("KEY=VALUE arguments (size=3)",)),
+    ("unknown-source", {"source": "live"}, ("unknown source 'live'",)),
+    (
+        "source-and-sglang",
+        {"source": "live", "sglang_class": f"{M}:reference"},
+        ("--source 'live' and --sglang",),
+    ),
+]
+_MHA_ARGS = ["size=64", "page_size=16", "dtype=bfloat16", "head_num=2", "head_dim=8", "layer_num=2"]
+SGLANG_INSPECT_BAD_INPUTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    (
+        "recognised-unsupported",
+        {
+            "sglang_class": "NoOpMHATokenToKVPool",
+            "pool_args": _MHA_ARGS,
+        },
+        ("built a sglang.srt.mem_cache.memory_pool.NoOpMHATokenToKVPool,", "does not support"),
+    ),
+    ("misspelt-class", {"sglang_class": "MHATokenToKvPool"}, ("did you mean MHATokenToKVPool",)),
+    (
+        "sglang-missing-args",
+        {"sglang_class": "MHATokenToKVPool", "pool_args": ["size=64"]},
+        ("needs page_size, dtype, head_num, head_dim, layer_num",),
+    ),
+    ("sglang-abstract", {"sglang_class": "KVCache"}, ("KVCache is an abstract class",)),
+    (
+        "sglang-no-class",
+        {"sglang_class": "sglang.srt.mem_cache.memory_pool.NoSuchPool"},
+        ("no pool class 'NoSuchPool' in sglang.srt.mem_cache.memory_pool",),
+    ),
+]
+
+
+@pytest.fixture
+def user_modules(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for name, source in _USER_SOURCES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in _USER_SOURCES:
+        sys.modules.pop(name, None)
+
+
+def _assert_one_line_error(kwargs: dict[str, Any], says: tuple[str, ...]) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    assert run_inspect(out, err=err, **kwargs) == 2
+    assert out.getvalue() == ""  # nothing half-printed before the error
+    line = err.getvalue()
+    assert line.count("\n") == 1, line
+    assert line.startswith("kvcompat inspect: error: "), line
+    assert "Traceback" not in line
+    assert "Hint: " in line, line
+    for text in says:
+        assert text in line, (text, line)
+    tried("bad input")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"), [pytest.param(k, s, id=i) for i, k, s in INSPECT_BAD_INPUTS]
+)
+@pytest.mark.usefixtures("user_modules")
+def test_inspect_bad_inputs_are_one_line_with_what_was_received_and_a_hint(
+    kwargs: dict[str, Any], says: tuple[str, ...]
+) -> None:
+    _assert_one_line_error(kwargs, says)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize(
+    ("kwargs", "says"), [pytest.param(k, s, id=i) for i, k, s in SGLANG_INSPECT_BAD_INPUTS]
+)
+def test_inspect_bad_sglang_inputs_are_one_line_with_a_hint(
+    kwargs: dict[str, Any], says: tuple[str, ...]
+) -> None:
+    from _sglang.env import prepare_sglang
+
+    prepare_sglang()
+    _assert_one_line_error(kwargs, says)
+
+
+@pytest.mark.usefixtures("user_modules")
+def test_inspect_builds_a_pool_from_a_factory_path() -> None:
+    out = io.StringIO()
+    assert run_inspect(out, sglang_class=f"{M}:reference", pool_args=["layer_num=3"]) == 0
+    assert "k_buffer[2]" in out.getvalue()

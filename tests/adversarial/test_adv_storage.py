@@ -5,7 +5,10 @@
   tensors; the detached ones are never touched again.
 * **Gone storage**: after SGLang's own ``_clear_buffers()``, on a half-built pool, or with a
   non-tensor in a buffer list: :class:`kvcompat.PoolStateError` (an ``AttributeError`` and a
-  ``ValueError``), never a raw ``AttributeError``/``TypeError``.
+  ``ValueError``), never a raw ``AttributeError``/``TypeError``. A pool without an
+  attribute the adapter reads (``dtype`` deleted, a DeepSeek-V4 token pool caught
+  mid-construction) names every missing attribute; a buffer list that shrank after
+  ``adapt`` says so and says to adapt again.
 * **Impostors**: a class that copies ``__module__``/``__qualname__`` of a real SGLang pool
   is not recognised as it.
 * **Aliasing**: ``write(l, dst, pool.get_key_buffer(l)[a:b])`` (a "move tokens" call, with
@@ -25,11 +28,14 @@ import pytest
 import torch
 
 import kvcompat
+from kvcompat.testing import ReferenceMHATokenToKVPool
 
 from ._harness import (
     ALL_CASES,
     Case,
+    _builders,
     fingerprint,
+    sglang,
     tried,
     valid_write,
 )
@@ -179,6 +185,154 @@ def test_half_built_pools_raise_pool_state_error(case: Case) -> None:
             for layer in pool.layer_ids:
                 pool.get_key_buffer(layer, wait=False)
     tried("bad input", 2)
+
+
+def _required(part: Any) -> list[str]:
+    """What the leaf adapter reads from its pool: buffer lists and plain attributes."""
+    lists = [part.source_attr] + ([part.value_attr] if part.value_attr else [])
+    return [*lists, *part.native_attrs]
+
+
+def _part_native(native: Any, component: str | None) -> Any:
+    return native if component is None else kvcompat.adapt(native).components[component].native
+
+
+def _leaf_names(pool: kvcompat.KVPoolProtocol) -> list[str | None]:
+    names: list[str | None] = list(pool.components) or [None]
+    parts = {name: pool if name is None else pool.components[name] for name in names}
+    return [name for name in names if isinstance(parts[name], kvcompat.adapters.LeafAdapter)]
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_missing_attributes_are_each_named(case: Case) -> None:
+    """A pool without one attribute the adapter reads: PoolStateError naming *that* one."""
+    pool = kvcompat.adapt(case.build())
+    for component in _leaf_names(pool):
+        part = pool if component is None else pool.components[component]
+        for attr in _required(part):
+            native = case.build()
+            target = _part_native(native, component)
+            if attr not in vars(target):
+                continue  # a class attribute: nothing an instance can lose
+            delattr(target, attr)
+            before = fingerprint(native)
+            with pytest.raises(kvcompat.PoolStateError) as info:
+                kvcompat.adapt(native)
+            text = str(info.value)
+            assert f"no attribute {attr!r}," in text, (case.id, component, text)
+            assert "Hint: adapt the pool after its constructor has returned" in text
+            assert isinstance(info.value, AttributeError)
+            assert not before.diff(fingerprint(native)), case.id
+            tried("bad input")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        pytest.param(lambda: _builders().build_mha_pool(), id="sglang-mha", marks=sglang),
+        pytest.param(
+            lambda: ReferenceMHATokenToKVPool(48, 16, torch.bfloat16, 2, 8, 2), id="ref-mha"
+        ),
+    ],
+)
+def test_an_mha_pool_without_dtype_names_dtype(build: Any) -> None:
+    """The issue's case: the message names what is missing, and all of it."""
+    native = build()
+    del native.dtype
+    with pytest.raises(kvcompat.PoolStateError, match=r"has no attribute 'dtype', which") as info:
+        kvcompat.adapt(native)
+    assert "v_buffer" not in str(info.value)
+    del native.v_buffer  # caught earlier still: both are named, the lists first
+    with pytest.raises(kvcompat.PoolStateError, match=r"no attributes 'v_buffer', 'dtype',"):
+        kvcompat.describe(native)
+    # Lost after adaptation: the layout, the dtype and a read name it too, never a bare error.
+    native = build()
+    pool = kvcompat.adapt(native)
+    del native.dtype
+    calls = (lambda: pool.layout(0), lambda: pool.dtype, lambda: pool.read(0, torch.tensor([1])))
+    for call in calls:
+        with pytest.raises(kvcompat.PoolStateError, match=r"no attribute 'dtype'"):
+            call()
+    tried("bad input", 5)
+
+
+def test_unset_slots_count_as_missing_and_getattr_served_ones_as_present() -> None:
+    from kvcompat.adapters._base import require_attrs
+
+    class Slotted:
+        __slots__ = ("dtype", "page_size")
+
+    class Dynamic:
+        def __getattr__(self, name: str) -> Any:
+            if name == "dtype":
+                return torch.bfloat16
+            raise AttributeError(name)
+
+    slotted = Slotted()
+    slotted.page_size = 16
+    with pytest.raises(kvcompat.PoolStateError, match=r"Slotted has no attribute 'dtype', which"):
+        require_attrs(slotted, ("dtype", "page_size"), reader="X")
+    with pytest.raises(kvcompat.PoolStateError, match=r"no attribute 'page_size', which"):
+        require_attrs(Dynamic(), ("dtype", "page_size"), reader="X")
+    tried("bad input", 2)
+
+
+@pytest.mark.sglang
+def test_a_dsv4_token_pool_caught_mid_construction_names_the_missing_attribute() -> None:
+    native = _builders().build_dsv4_token_pool()
+    cls = type(native)
+    blank = cls.__new__(cls)
+    with pytest.raises(kvcompat.PoolStateError, match=r"no attributes 'swa_kv_pool', ") as info:
+        kvcompat.adapt(blank)
+    assert "unified_kv" not in str(info.value)  # not mistaken for a mode it is not in
+    for attr in ("swa_kv_pool", "_stage_start", "_stage_end", "layer_mapping"):
+        partial = cls.__new__(cls)
+        vars(partial).update({k: v for k, v in vars(native).items() if k != attr})
+        with pytest.raises(kvcompat.PoolStateError, match=rf"has no attribute {attr!r}, which"):
+            kvcompat.adapt(partial)
+        tried("bad input")
+    # None (unified_kv / request-window mode) is still a mode kvcompat does not support.
+    native.swa_kv_pool = None
+    with pytest.raises(kvcompat.UnsupportedPoolError, match="unified_kv"):
+        kvcompat.adapt(native)
+    tried("bad input", 2)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+@pytest.mark.parametrize("how", ["replaced", "in place"])
+def test_a_buffer_list_that_shrank_after_adapt_says_to_adapt_again(case: Case, how: str) -> None:
+    pool = kvcompat.adapt(case.build())
+    for part, _ in _leaves(pool):
+        native = part.native
+        slots = part.storage_slots
+        top = max(slots.values())
+        lost = sorted(layer for layer, slot in slots.items() if slot == top)
+        listing = getattr(native, part.source_attr)
+        if how == "replaced":
+            setattr(native, part.source_attr, list(listing[:top]))
+        else:
+            del listing[top:]
+        before = fingerprint(native)
+        for layer in lost:
+            calls = (
+                (part.get_key_buffer, (layer,), {"wait": False}),
+                (part.read, (layer, torch.tensor([0])), {}),
+                (part.layout, (layer,), {}),
+            )
+            for call, args, kwargs in calls:
+                with pytest.raises(kvcompat.PoolStateError) as info:
+                    call(*args, **kwargs)
+                text = str(info.value)
+                assert f"layers {lost} map to slots [{top}], outside the {top} buffer" in text
+                assert f".{part.source_attr}: the native pool's buffer list changed" in text
+                assert "after kvcompat.adapt" in text
+                assert "Hint: adapt the pool again after it is rebuilt or resized" in text
+                tried("stale storage")
+        assert not before.diff(fingerprint(native)), case.id
+        # Adapting again serves what is left (a composite's part: the composite again).
+        if top and not pool.components:
+            again = kvcompat.adapt(native)
+            assert max(again.storage_slots.values()) == top - 1
 
 
 @pytest.mark.sglang

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,79 @@ def test_inspect_json() -> None:
 def test_inspect_rejects_unknown_sources() -> None:
     out = io.StringIO()
     assert run_inspect(out, source="sglang-live") == 2
-    assert "unknown source 'sglang-live'; choose one of: demo." in out.getvalue()
+    assert "unknown source 'sglang-live'; choose one of: demo. Hint: " in out.getvalue()
+
+
+_FACTORIES = """
+import collections
+
+from kvcompat.testing import ReferenceMLATokenToKVPool
+
+
+def ordered(**kwargs):
+    return collections.OrderedDict(kwargs)
+
+
+def latent(size=16, layer_num=2, **_):
+    return ReferenceMLATokenToKVPool(size, 16, layer_num=layer_num)
+"""
+
+
+@pytest.fixture
+def factories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = "kvc_test_cli_factories"
+    (tmp_path / f"{name}.py").write_text(_FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return name
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        (".{m}:ordered", "--sglang '.{m}:ordered' is a relative module path"),
+        ("{m}:ordered", "--sglang {m}:ordered built a collections.OrderedDict (OrderedDict("),
+        ("builtins.int", "--sglang builtins.int built a builtins.int (0), which kvcompat cannot"),
+    ],
+    ids=["relative-path", "factory-returns-a-dict", "builtin-int"],
+)
+def test_inspect_failures_of_the_issue_are_one_line_exit_2(
+    factories: str, target: str, says: str
+) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    assert run_inspect(out, sglang_class=target.format(m=factories), err=err) == 2
+    assert out.getvalue() == ""
+    line = err.getvalue()
+    assert line.count("\n") == 1
+    assert line.startswith("kvcompat inspect: error: " + says.format(m=factories)), line
+    assert "Hint: " in line
+    assert "no signature found" not in line
+
+
+def test_inspect_builds_a_pool_with_a_factory(factories: str) -> None:
+    out = io.StringIO()
+    assert run_inspect(out, sglang_class=f"{factories}:latent", pool_args=["layer_num=3"]) == 0
+    assert "kv_buffer[2]" in out.getvalue()
+    out = io.StringIO()
+    assert run_inspect(out, json=True, sglang_class=f"{factories}.latent") == 0
+    (pool,) = json.loads(out.getvalue())["pools"].values()
+    assert pool["memory"]["total_bytes"] == 2 * (16 + 16) * 576 * 2  # 2 layers, bf16 rows
+
+
+def test_inspect_json_memory_is_the_reports_of_the_pools() -> None:
+    from kvcompat._demo import build_demo_pools
+    from kvcompat.inspection import memory_report
+
+    def without_pointers(report: dict[str, Any]) -> dict[str, Any]:
+        storages = [{k: v for k, v in s.items() if k != "ptr"} for s in report["storages"]]
+        return {**report, "storages": storages}
+
+    out = io.StringIO()
+    assert run_inspect(out, json=True) == 0
+    pools = json.loads(out.getvalue())["pools"]
+    for name, native in build_demo_pools().items():  # fresh pools: other addresses
+        expected = json.loads(json.dumps(memory_report(native).to_dict()))
+        assert without_pointers(pools[name]["memory"]) == without_pointers(expected)
 
 
 def test_doctor_text() -> None:
