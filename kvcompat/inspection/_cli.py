@@ -228,10 +228,8 @@ def _resolve_target(class_name: str) -> tuple[Any, str]:
         for name in module_names:
             try:
                 module = importlib.import_module(name)
-            except ImportError as exc:  # names the missing dependency and the fix
-                raise ValueError(_import_error(name, exc)) from None
-            except Exception as exc:  # noqa: BLE001 - a failure at import time, not missing
-                raise ValueError(_import_failed(name, exc)) from None
+            except Exception as exc:  # noqa: BLE001 - a broken dependency raises anything
+                raise ValueError(_import_error(name, exc)) from None  # names it and the fix
             modules.append(module)
             target = _lookup(module, attr)
             if target is not None:
