@@ -20,19 +20,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvcompat._errors import LayoutError, WriteError
+from kvcompat._ops import check_impl, check_write, dequantize, quantize_parts
 from kvcompat._protocol import Impl
 from kvcompat.layouts import (
     UNIFORM_FP8,
     V4,
     LayoutSpec,
-    check_write,
-    dequantize,
     dsa_fp8_layout,
     get_layout,
     mha_layout,
     mla_layout,
 )
-from kvcompat.layouts._codec import check_impl, quantize_parts
 from kvcompat.layouts._registry import KV_LAYOUT_NAMES
 
 if TYPE_CHECKING:

@@ -32,11 +32,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-# Imported here, not inside the traced branch: Dynamo must never trace an import (with
-# the lazy top-level package, that would run kvcompat.__getattr__ inside the graph).
-from kvcompat import _ops
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._spec import Encoding, SegmentRole
 
 if TYPE_CHECKING:
@@ -50,6 +48,7 @@ __all__ = [
     "check_read",
     "check_write",
     "overlaps",
+    "resolve_layout",
     "unaliased",
     "value_limits",
 ]
@@ -93,6 +92,26 @@ def _not_dense(tensor: torch.Tensor) -> str | None:
 def _preview(values: torch.Tensor) -> str:
     shown = ", ".join(str(v) for v in values[:_SHOWN].tolist())
     return shown + (", ..." if values.numel() > _SHOWN else "")
+
+
+def resolve_layout(layout: object, *, fnuz: bool) -> LayoutSpec:
+    """The :class:`LayoutSpec` ``layout`` names (:func:`get_layout`), checked against ``fnuz``.
+
+    Raises:
+        LayoutError: an unknown layout, or ``fnuz`` on a layout without it.
+
+    Example:
+        >>> resolve_layout("v4", fnuz=True).name
+        'v4'
+    """
+    spec = get_layout(layout)
+    if fnuz and not spec.supports_fnuz:
+        msg = (
+            f"fnuz=True selects the ROCm e4m3fnuz bytes of the V4 layout; layout "
+            f"{spec.name!r} has no fnuz variant. Hint: drop fnuz=True."
+        )
+        raise LayoutError(msg)
+    return spec
 
 
 def check_page_size(spec: LayoutSpec, page_size: object) -> int:
@@ -507,8 +526,6 @@ def check_write(
         ...     print(str(exc).split(".")[0])
         loc repeats 1 location(s): 3
     """
-    if torch.compiler.is_compiling():  # the host reads run inside a custom op (kvcompat._ops)
-        return _ops.check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     size = check_page_size(spec, page_size)
     capacity = check_buffer(spec, buf, size)
     loc64 = _check_loc(loc, capacity=capacity, device=buf.device, error=WriteError, unique=True)
