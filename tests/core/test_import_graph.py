@@ -201,7 +201,6 @@ def test_the_graph_sees_the_package() -> None:
     assert len(graph) > 50
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36: _registry <-> adapters.sglang is next")
 def test_no_import_circle_anywhere_in_the_package() -> None:
     assert circles(import_graph()) == []
 
