@@ -52,9 +52,18 @@ from kvcompat._protocol import Impl
 from kvcompat.kernels._library import OPS as _KERNEL_OPS
 from kvcompat.kernels._library import empty_read, fresh
 from kvcompat.kernels._select import dispatch, load_launchers
-from kvcompat.layouts._codec import commit, dequantize_torch, encode_part
+from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._codec import PLAIN_CODEC, commit, dequantize_torch, encode_part
 from kvcompat.layouts._lookup import op_key, register_layout, spec_for
-from kvcompat.layouts._validate import check_read, resolve_layout, unaliased
+from kvcompat.layouts._validate import (
+    check_buffer,
+    check_loc,
+    check_page_size,
+    check_read,
+    resolve_layout,
+    span,
+    unaliased,
+)
 from kvcompat.layouts._validate import check_write as validate_write
 
 if TYPE_CHECKING:
@@ -65,12 +74,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPS",
+    "BufferPlan",
     "Impl",
     "check_impl",
     "check_write",
     "dequantize",
+    "plan_buffer",
     "quantize",
     "quantize_parts",
+    "quantize_planned",
+    "read_planned",
     "register_layout",
     "spec_for",
 ]
@@ -376,6 +389,167 @@ def check_write(
         *op_key(spec), buf, loc, values, page_size, check_finite
     )
     return values.reshape(values.shape[0], spec.dim), loc64
+
+
+# ------------------------------------------------------------ planned calls (plain rows)
+
+
+class BufferPlan:
+    """One buffer of plain rows (MHA, MLA), resolved once for all its reads and writes.
+
+    Its geometry is checked when the plan is made (:func:`plan_buffer`), so a read or
+    write through it checks only its locations and values; it reads and writes whole
+    rows with one ``index_select`` / ``index_copy_`` on views made here. An adapter keeps
+    one per layer and buffer (on the layer's :class:`~kvcompat.adapters.LayerLayout`);
+    it serves while the adapter hands out the same tensor over the same memory
+    (:meth:`holds`), and the general path serves anything else.
+    """
+
+    __slots__ = ("buf", "capacity", "ptr", "raw", "rows", "shape", "span", "spec")
+
+    def __init__(self, spec: LayoutSpec, buf: torch.Tensor, capacity: int) -> None:
+        self.spec, self.buf, self.capacity = spec, buf, capacity
+        self.ptr, self.shape = buf.data_ptr(), buf.shape
+        self.span = (self.ptr, self.ptr + buf.numel() * buf.element_size())  # bytes it spans
+        self.raw = byte_rows(buf)  # [capacity, row bytes] uint8: what a write stores into
+        self.rows = self.raw.view(spec.output_dtype)  # [capacity, dim]: what a read gathers
+
+    def holds(self, buf: torch.Tensor) -> bool:
+        """Whether ``buf`` is the tensor this plan was made for, over the same memory."""
+        return buf is self.buf and buf.data_ptr() == self.ptr and buf.shape == self.shape
+
+
+def plan_buffer(
+    spec: LayoutSpec, buf: object, page_size: object, *, fnuz: bool
+) -> BufferPlan | None:
+    """A :class:`BufferPlan` for a buffer of plain rows whose geometry fits ``spec``, else None.
+
+    None for every other layout (packed pages, scales), for ``fnuz`` and for a buffer
+    that does not fit: those calls take the general path, which validates and explains.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> buf = torch.zeros(16, 2, 4, dtype=torch.bfloat16)
+        >>> plan = plan_buffer(mha_layout(2, 4, torch.bfloat16), buf, 1, fnuz=False)
+        >>> plan.capacity, tuple(plan.rows.shape), plan.holds(buf), plan.holds(buf.clone())
+        (16, (16, 8), True, False)
+    """
+    if (
+        spec.codec is not PLAIN_CODEC
+        or spec.paged
+        or spec.scale_bytes
+        or spec.data_bytes != spec.bytes_per_token
+        or fnuz
+        or not isinstance(buf, torch.Tensor)
+    ):
+        return None
+    try:
+        capacity = check_buffer(spec, buf, check_page_size(spec, page_size))
+    except LayoutError:
+        return None
+    return BufferPlan(spec, buf, capacity)
+
+
+def read_planned(
+    plan: BufferPlan | None,
+    spec: LayoutSpec,
+    buf: torch.Tensor,
+    loc: torch.Tensor,
+    page_size: int,
+    *,
+    fnuz: bool,
+    validate: bool,
+    impl: Impl,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`dequantize`, through ``plan`` when it holds ``buf`` and the twin serves.
+
+    The same checks in the same order, the same errors and the same bytes; only the
+    buffer's geometry is not checked again.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> spec, buf = mha_layout(1, 2, torch.float32), torch.arange(8.0).view(4, 1, 2)
+        >>> plan = plan_buffer(spec, buf, 1, fnuz=False)
+        >>> read_planned(plan, spec, buf, torch.tensor([2]), 1, fnuz=False, validate=True,
+        ...              impl="auto", out=None)
+        tensor([[4., 5.]])
+    """
+    if (
+        plan is None
+        or not plan.holds(buf)
+        or torch.compiler.is_compiling()
+        or dispatch(impl, spec, buf, write=False, fnuz=False)  # a kernel: the general path
+    ):
+        return dequantize(
+            spec, buf, loc, page_size, fnuz=fnuz, validate=validate, impl=impl, out=out
+        )
+    if validate:
+        loc = check_loc(
+            loc, capacity=plan.capacity, device=buf.device, error=LayoutError, unique=False
+        )
+    elif loc.dtype is not torch.int64 and loc.dtype is not torch.int32:
+        loc = loc.long()
+    if out is None:
+        return plan.rows.index_select(0, loc)
+    _check_out(spec, out, int(loc.shape[0]), buf.device)
+    return torch.index_select(plan.rows, 0, loc, out=out)
+
+
+def quantize_planned(
+    parts: Sequence[tuple[LayoutSpec, torch.Tensor, torch.Tensor, torch.Tensor]],
+    plans: Sequence[BufferPlan | None],
+    page_size: int,
+    *,
+    fnuz: bool = False,
+    impl: Impl = "auto",
+) -> None:
+    """:func:`quantize_parts`, storing through the parts' plans when every part has one.
+
+    The same kernel choice, alias copies, encoding and all-or-nothing :func:`commit`;
+    each part's scatter is one ``index_copy_`` into its plan's row view.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> spec, buf = mha_layout(1, 2, torch.float32), torch.zeros(4, 1, 2)
+        >>> plan = plan_buffer(spec, buf, 1, fnuz=False)
+        >>> quantize_planned([(spec, torch.ones(1, 2), buf, torch.tensor([3]))], [plan], 1)
+        >>> buf[3].tolist()
+        [[1.0, 1.0]]
+    """
+    if (
+        fnuz
+        or not parts
+        or torch.compiler.is_compiling()
+        or any(
+            plan is None or not plan.holds(buf)
+            for plan, (_, _, buf, _) in zip(plans, parts, strict=True)
+        )
+    ):
+        return quantize_parts(parts, page_size, fnuz=fnuz, impl=impl)
+    kernels = [
+        dispatch(impl, spec, buf, write=True, fnuz=False, values_dtype=rows.dtype)
+        for spec, rows, buf, _ in parts
+    ]
+    if all(kernels):
+        return quantize_parts(parts, page_size, fnuz=fnuz, impl=impl)
+    spans = [plan.span for plan in plans]  # type: ignore[union-attr]
+    stores: list[Store] = []
+    for (spec, given, _, loc), plan in zip(parts, plans, strict=True):
+        rows = given
+        if rows.shape[0]:
+            # Values that share memory with a buffer of this write are copied first
+            # (unaliased(), with the buffers' address ranges known from their plans).
+            mine = span(rows)
+            if mine is not None and any(lo < mine[1] and mine[0] < hi for lo, hi in spans):
+                rows = rows.clone(memory_format=torch.contiguous_format)
+            data, _ = spec.codec.encode(spec, rows, fnuz=False)
+            stores.append((plan.raw, loc, data))  # type: ignore[union-attr]
+    commit(stores)
+    return None
 
 
 # --------------------------------------------- the custom ops the entry points call when compiling

@@ -44,11 +44,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_buffer",
+    "check_loc",
     "check_page_size",
     "check_read",
+    "check_values",
     "check_write",
     "overlaps",
     "resolve_layout",
+    "span",
     "unaliased",
     "value_limits",
 ]
@@ -156,7 +159,7 @@ def check_buffer(spec: LayoutSpec, buf: object, page_size: int) -> int:
     return int(buf.shape[0]) * per_row
 
 
-def _check_loc(
+def check_loc(
     loc: object,
     *,
     capacity: int,
@@ -164,6 +167,10 @@ def _check_loc(
     error: type[LayoutError] | type[WriteError],
     unique: bool,
 ) -> torch.Tensor:
+    """``loc`` as int64, checked: dense, 1-D, integer, on ``device``, in range, distinct.
+
+    Distinct only when ``unique``; any failure raises ``error``.
+    """
     if not isinstance(loc, torch.Tensor):
         msg = (
             f"loc must be a 1-D integer torch.Tensor; received {type(loc).__name__}. "
@@ -245,7 +252,7 @@ def check_read(
     """
     size = check_page_size(spec, page_size)
     capacity = check_buffer(spec, buf, size)
-    return _check_loc(loc, capacity=capacity, device=buf.device, error=LayoutError, unique=False)
+    return check_loc(loc, capacity=capacity, device=buf.device, error=LayoutError, unique=False)
 
 
 def _value_shapes(spec: LayoutSpec, n: int) -> list[tuple[int, ...]]:
@@ -255,9 +262,10 @@ def _value_shapes(spec: LayoutSpec, n: int) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _check_values(
+def check_values(
     spec: LayoutSpec, values: object, n: int, device: torch.device, *, check_finite: bool
 ) -> torch.Tensor:
+    """``values`` checked for a write of ``n`` tokens, as ``[n, dim]``; WriteError otherwise."""
     if not isinstance(values, torch.Tensor):
         msg = f"values must be a torch.Tensor; received {type(values).__name__}."
         raise WriteError(msg)
@@ -433,7 +441,7 @@ def _check_finite(spec: LayoutSpec, rows: torch.Tensor) -> None:
     raise WriteError(msg)
 
 
-def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
+def span(tensor: torch.Tensor) -> tuple[int, int] | None:
     """``[first, last + 1)`` byte addresses ``tensor`` can touch, or None when empty."""
     count = tensor.numel()
     if count == 0:
@@ -459,7 +467,7 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         >>> overlaps(buf[2:4], buf), overlaps(buf[2:4], buf[4:]), overlaps(buf.clone(), buf)
         (True, False, False)
     """
-    span_a, span_b = _span(a), _span(b)
+    span_a, span_b = span(a), span(b)
     if span_a is None or span_b is None:
         return False
     return span_a[0] < span_b[1] and span_b[0] < span_a[1] and a.device == b.device
@@ -528,6 +536,6 @@ def check_write(
     """
     size = check_page_size(spec, page_size)
     capacity = check_buffer(spec, buf, size)
-    loc64 = _check_loc(loc, capacity=capacity, device=buf.device, error=WriteError, unique=True)
-    rows = _check_values(spec, values, loc64.numel(), buf.device, check_finite=check_finite)
+    loc64 = check_loc(loc, capacity=capacity, device=buf.device, error=WriteError, unique=True)
+    rows = check_values(spec, values, loc64.numel(), buf.device, check_finite=check_finite)
     return rows, loc64
