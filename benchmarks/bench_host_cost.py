@@ -2,6 +2,7 @@
 
 Usage:
     python benchmarks/bench_host_cost.py [--tokens 8] [--batches 7] [--calls 2000] [--json PATH]
+        [--threads 1]
 
 On reference MHA (``8 x 128`` heads, bf16) and MLA (``512 + 64``, bf16) pools of 4,096
 tokens, in one process, it times per call (best of ``--batches`` batches of ``--calls``
@@ -121,7 +122,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=7)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: host cost, not op time)"
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     best = measure(args.tokens, args.batches, args.calls)
     rows = report(best)
     print(

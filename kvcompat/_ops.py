@@ -405,14 +405,18 @@ class BufferPlan:
     (:meth:`holds`), and the general path serves anything else.
     """
 
-    __slots__ = ("buf", "capacity", "ptr", "raw", "rows", "shape", "span", "spec")
+    __slots__ = ("buf", "capacity", "ptr", "rows", "shape", "span", "spec", "store")
 
     def __init__(self, spec: LayoutSpec, buf: torch.Tensor, capacity: int) -> None:
         self.spec, self.buf, self.capacity = spec, buf, capacity
         self.ptr, self.shape = buf.data_ptr(), buf.shape
         self.span = (self.ptr, self.ptr + buf.numel() * buf.element_size())  # bytes it spans
-        self.raw = byte_rows(buf)  # [capacity, row bytes] uint8: what a write stores into
-        self.rows = self.raw.view(spec.output_dtype)  # [capacity, dim]: what a read gathers
+        raw = byte_rows(buf)
+        self.rows = raw.view(spec.output_dtype)  # [capacity, dim] elements: what reads gather
+        # What writes store into: the elements (index_copy_ moves 2-byte rows several times
+        # faster than their uint8 view on the CPU), or the bytes for 1-byte (fp8) elements,
+        # which index_copy_ does not take.
+        self.store = self.rows if self.rows.element_size() > 1 else raw
 
     def holds(self, buf: torch.Tensor) -> bool:
         """Whether ``buf`` is the tensor this plan was made for, over the same memory."""
@@ -509,7 +513,8 @@ def quantize_planned(
     """:func:`quantize_parts`, storing through the parts' plans when every part has one.
 
     The same kernel choice, alias copies, encoding and all-or-nothing :func:`commit`;
-    each part's scatter is one ``index_copy_`` into its plan's row view.
+    each part's scatter is one ``index_copy_`` of the encoded bytes, viewed as the
+    layout's elements, into its plan's row view.
 
     Example:
         >>> import torch
@@ -547,7 +552,8 @@ def quantize_planned(
             if mine is not None and any(lo < mine[1] and mine[0] < hi for lo, hi in spans):
                 rows = rows.clone(memory_format=torch.contiguous_format)
             data, _ = spec.codec.encode(spec, rows, fnuz=False)
-            stores.append((plan.raw, loc, data))  # type: ignore[union-attr]
+            target = plan.store  # type: ignore[union-attr]
+            stores.append((target, loc, data.view(target.dtype)))  # the encoded bytes
     commit(stores)
     return None
 
