@@ -311,7 +311,7 @@ def plan_write(
         rows = rows.detach() if rows.requires_grad else rows
         return _Planned(spec, buf, rows, loc.long(), plan, None, layout, role)
     try:
-        if plan is None or not plan.holds(buf):
+        if plan is None:  # not plain rows (or under torch.compile): the general checks
             rows, loc64 = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
             return _Planned(spec, buf, rows, loc64)
         if (
