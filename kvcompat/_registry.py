@@ -1,15 +1,9 @@
-"""Recognising pool classes without importing their engine, and building adapters.
+"""Adapting pools: :func:`adapt`, :func:`register_adapter`, :func:`unregister_adapter`.
 
-A *family* says what kind of pool a class is and how to adapt it. Families are
-registered by the class's qualified name (``"package.module.ClassName"``); a
-class is recognised by walking its MRO and looking each base up by name, so
-subclasses (``HiSparseC4DevicePool`` under ``DeepSeekV4SingleKVPool``) and test
-doubles derived from real classes are recognised too. Each name match is
-confirmed against ``sys.modules``: if the engine was never imported, none of
-its classes can be present, and nothing here ever imports it.
-
-The per-type answer is cached; the cache is guarded by a lock for writers and
-read without one (a dict lookup is atomic).
+Works on the family table of :mod:`kvcompat._families` (how a class is recognised without
+importing its engine, and the per-type cache) and imports SGLang's built-in families
+(:mod:`kvcompat.adapters.sglang`), which install themselves into that table: every module
+that imports this one sees them, whichever kvcompat module came first.
 """
 
 from __future__ import annotations
