@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
+from kvcompat import _ops
 from kvcompat.layouts import (
     DSA_FP8,
     V4,
@@ -58,7 +59,7 @@ def _scatter_only(stores: Sequence[_codec.Store]) -> None:
 @contextmanager
 def unguarded() -> Iterator[None]:
     """Run writes without the alias copy and without the save-and-restore."""
-    names = vars(_codec)
+    names = vars(_ops)  # the dispatch module calls both
     saved = names["commit"], names["unaliased"]
     names["commit"] = _scatter_only
     names["unaliased"] = lambda values, buffers: values

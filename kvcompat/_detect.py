@@ -11,8 +11,8 @@ from typing import Any
 
 from typing_extensions import TypeIs
 
+from kvcompat._families import _MISSING, Family, _cache, family_of
 from kvcompat._protocol import PoolKind, SupportsGetKeyBuffer
-from kvcompat._registry import _MISSING, Family, _cache, family_of
 
 __all__ = [
     "is_composite_pool",

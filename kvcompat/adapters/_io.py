@@ -14,26 +14,32 @@ first scatter, and a fault during the scatters puts the old bytes back
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from kvcompat._errors import LayoutError, WriteError
+from kvcompat._ops import (
+    BufferPlan,
+    check_impl,
+    check_write,
+    plan_buffer,
+    quantize_planned,
+    read_planned,
+)
 from kvcompat._protocol import Impl
 from kvcompat.layouts import (
     UNIFORM_FP8,
     V4,
     LayoutSpec,
-    check_write,
-    dequantize,
     dsa_fp8_layout,
     get_layout,
     mha_layout,
     mla_layout,
 )
-from kvcompat.layouts._codec import check_impl, quantize_parts
 from kvcompat.layouts._registry import KV_LAYOUT_NAMES
+from kvcompat.layouts._validate import check_loc, check_values
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -73,6 +79,30 @@ class LayerLayout:
     value: LayoutSpec | None = None
     value_dim: int | None = None
     fnuz: bool = False
+    _plans: dict[str, BufferPlan] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """The buffers' plans (:func:`kvcompat._ops.plan_buffer`), by role, made on first use."""
+
+    def _plan_for(
+        self, role: str, spec: LayoutSpec, buf: torch.Tensor, page_size: int
+    ) -> BufferPlan | None:
+        """The plan of the layer's ``role`` ("key" or "value") buffer ``buf``, or None.
+
+        Made on the first read or write of the buffer, kept (``_keep``) once that call
+        has succeeded (a call that raises leaves nothing behind), and reused while the
+        adapter hands out the same tensor; the adapter makes a new LayerLayout when its
+        buffers change.
+        """
+        found = self._plans.get(role)
+        if found is not None and found.holds(buf):
+            return found
+        return plan_buffer(spec, buf, page_size, fnuz=self.fnuz)
+
+    def _keep(self, role: str, plan: BufferPlan | None) -> None:
+        """Keep ``plan`` for the next calls (after the call that made it succeeded)."""
+        if plan is not None and self._plans.get(role) is not plan:
+            self._plans[role] = plan
 
 
 def _shape_error(owner: str, what: str, shape: Sequence[int], hint: str) -> LayoutError:
@@ -185,14 +215,6 @@ def _single_kv_layout(native: Any, key: torch.Tensor, owner: str) -> LayoutSpec:
     return spec
 
 
-def _codec_kwargs(impl: Impl, **extra: Any) -> dict[str, Any]:
-    check_impl(impl)
-    kwargs = {name: value for name, value in extra.items() if value is not None}
-    if impl != "auto":
-        kwargs["impl"] = impl
-    return kwargs
-
-
 def read_rows(
     spec: LayoutSpec,
     buf: torch.Tensor,
@@ -204,8 +226,13 @@ def read_rows(
     validate: bool,
     impl: Impl,
     out: torch.Tensor | None = None,
+    layout: LayerLayout | None = None,
+    role: str = "key",
 ) -> torch.Tensor:
     """Dequantize rows ``loc`` of one buffer into ``[n, heads, dim // heads]``.
+
+    With the layer's ``layout``, plain rows go through the buffer's plan
+    (``LayerLayout._plan_for``): the same checks and bytes, less work per call.
 
     Example:
         >>> import torch
@@ -215,21 +242,30 @@ def read_rows(
         ...           heads=2, fnuz=False, validate=True, impl="auto").tolist()
         [[[4.0, 5.0], [6.0, 7.0]]]
     """
-    kwargs = _codec_kwargs(impl, out=None if out is None else out.view(out.shape[0], -1))
-    if fnuz:
-        kwargs["fnuz"] = True
-    dense = dequantize(spec, buf, loc, page_size, validate=validate, **kwargs)
+    check_impl(impl)
+    planned = layout is not None and not torch.compiler.is_compiling()
+    plan = layout._plan_for(role, spec, buf, page_size) if planned else None  # type: ignore[union-attr]
+    flat = None if out is None else out.view(out.shape[0], -1)
+    dense = read_planned(
+        plan, spec, buf, loc, page_size, fnuz=fnuz, validate=validate, impl=impl, out=flat
+    )
+    if planned:
+        layout._keep(role, plan)  # type: ignore[union-attr]
     if out is not None:
         return out
     return dense.view(dense.shape[0], heads, spec.dim // heads)
 
 
-@dataclass(frozen=True)
-class _Planned:
+class _Planned(NamedTuple):
     spec: LayoutSpec
     buf: torch.Tensor
     rows: torch.Tensor
     loc: torch.Tensor
+    plan: BufferPlan | None = None
+    given: object = None
+    """The caller's ``loc``, which ``loc`` is the checked form of (None: not checked)."""
+    layout: LayerLayout | None = None
+    role: str = "key"
 
 
 def plan_write(
@@ -243,8 +279,16 @@ def plan_write(
     owner: str,
     check_finite: bool,
     validate: bool,
+    layout: LayerLayout | None = None,
+    role: str = "key",
+    checked: _Planned | None = None,
 ) -> _Planned:
     """Validate one buffer's part of a write; nothing is written here.
+
+    With the layer's ``layout``, a part of plain rows is checked through its buffer's
+    plan (the geometry was checked when the plan was made), and the locations are
+    checked once per write: a part whose buffer holds as many tokens as ``checked``'s
+    reuses its checked locations.
 
     Example:
         >>> import torch
@@ -260,15 +304,33 @@ def plan_write(
             f"Hint: pass a [n, heads, head_dim] (or [n, dim]) tensor of {what}s."
         )
         raise WriteError(msg)
+    planned = layout is not None and not torch.compiler.is_compiling()
+    plan = layout._plan_for(role, spec, buf, page_size) if planned else None  # type: ignore[union-attr]
     if not validate:
         rows = values.reshape(values.shape[0], spec.dim)
-        return _Planned(spec, buf, rows.detach() if rows.requires_grad else rows, loc.long())
+        rows = rows.detach() if rows.requires_grad else rows
+        return _Planned(spec, buf, rows, loc.long(), plan, None, layout, role)
     try:
-        rows, loc64 = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
+        if plan is None:  # not plain rows (or under torch.compile): the general checks
+            rows, loc64 = check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
+            return _Planned(spec, buf, rows, loc64)
+        if (
+            checked is not None
+            and checked.given is loc
+            and checked.plan is not None
+            and checked.plan.capacity == plan.capacity
+            and checked.loc.device == buf.device
+        ):
+            loc64 = checked.loc
+        else:
+            loc64 = check_loc(
+                loc, capacity=plan.capacity, device=buf.device, error=WriteError, unique=True
+            )
+        rows = check_values(spec, values, loc64.numel(), buf.device, check_finite=check_finite)
     except WriteError as exc:
         msg = f"{owner}: writing the {what}: {exc}"
         raise WriteError(msg) from None
-    return _Planned(spec, buf, rows, loc64)
+    return _Planned(spec, buf, rows, loc64, plan, loc, layout, role)
 
 
 def write_rows(
@@ -290,9 +352,13 @@ def write_rows(
         True
     """
     check_impl(impl)
-    quantize_parts(
-        [(plan.spec, plan.rows, plan.buf, plan.loc) for plan in plans],
+    quantize_planned(
+        [(part.spec, part.rows, part.buf, part.loc) for part in plans],
+        [part.plan for part in plans],
         page_size,
         fnuz=fnuz,
         impl=impl,
     )
+    for part in plans:
+        if part.layout is not None:
+            part.layout._keep(part.role, part.plan)

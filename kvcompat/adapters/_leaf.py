@@ -551,6 +551,7 @@ class LeafAdapter(AdapterBase):
             validate=validate,
             impl=impl,
             out=out,
+            layout=spec,
         )
 
     def read_kv(
@@ -587,12 +588,12 @@ class LeafAdapter(AdapterBase):
         spec = self.layout(layer_id)
         keys = read_rows(
             spec.key, key_buffer, loc, self.page_size, heads=spec.key.heads,
-            fnuz=spec.fnuz, validate=validate, impl=impl,
+            fnuz=spec.fnuz, validate=validate, impl=impl, layout=spec,
         )  # fmt: skip
         if spec.value is not None and value_buffer is not None:
             values = read_rows(
                 spec.value, value_buffer, loc, self.page_size, heads=spec.value.heads,
-                fnuz=spec.fnuz, validate=validate, impl=impl,
+                fnuz=spec.fnuz, validate=validate, impl=impl, layout=spec, role="value",
             )  # fmt: skip
             return KVPair(keys, values, shared=False, component=self._component)
         if not self.kind.has_values:
@@ -664,7 +665,7 @@ class LeafAdapter(AdapterBase):
         plans = [
             plan_write(
                 spec.key, key_buffer, loc, key, page_size, what="key", owner=self._name,
-                check_finite=check_finite, validate=validate,
+                check_finite=check_finite, validate=validate, layout=spec,
             )
         ]  # fmt: skip
         if spec.value is not None and value_buffer is not None:
@@ -678,6 +679,7 @@ class LeafAdapter(AdapterBase):
                 plan_write(
                     spec.value, value_buffer, loc, value, page_size, what="value",
                     owner=self._name, check_finite=check_finite, validate=validate,
+                    layout=spec, role="value", checked=plans[0],
                 )
             )  # fmt: skip
         elif value is not None and not _aliases(value, key, spec.value_dim):

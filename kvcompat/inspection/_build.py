@@ -18,8 +18,8 @@ from typing import Any, Literal
 import torch
 
 from kvcompat._errors import KVCompatError
+from kvcompat._families import Family, family_of, qualified_name
 from kvcompat._protocol import KVPoolProtocol, PoolKind
-from kvcompat._registry import Family, family_of, qualified_name
 from kvcompat.adapters import Buffer, LeafAdapter
 from kvcompat.inspection._model import (
     PoolManifest,

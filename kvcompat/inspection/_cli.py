@@ -36,7 +36,7 @@ from typing import Any, TextIO
 import torch
 
 import kvcompat
-from kvcompat import _registry
+from kvcompat import _families  # the tables; importing kvcompat._registry fills them
 from kvcompat._demo import build_demo_pools
 from kvcompat._errors import KVCompatError, UnsupportedPoolError
 from kvcompat._registry import Family, qualified_name
@@ -696,7 +696,7 @@ def _linearize(
 def _registered_families() -> tuple[Mapping[str, Family], Mapping[tuple[str, str], Family]]:
     """The registrations: by qualified name, and the class-name fallback for engines."""
     # Read-only use of the registry's tables: the same ones family_of() consults.
-    return _registry._families, _registry._by_class_name
+    return _families._families, _families._by_class_name
 
 
 def _answer(mro: Sequence[str]) -> tuple[str, str | None, str | None]:

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from kvcompat._families import qualified_name
 from kvcompat._protocol import PoolKind
-from kvcompat._registry import qualified_name
-from kvcompat.adapters.sglang import dsv4_compressed_pools
+from kvcompat.adapters._dsv4_pools import dsv4_compressed_pools
 from kvcompat.inspection._build import (
     Walk,
     _layout_name,

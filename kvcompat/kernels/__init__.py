@@ -27,7 +27,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvcompat.kernels._launch import gather_dequantize, quantize_scatter
+    from kvcompat.kernels._library import gather_dequantize, quantize_scatter
     from kvcompat.kernels._select import ImplChoice, which_impl
 
 __all__ = ["ImplChoice", "gather_dequantize", "is_available", "quantize_scatter", "which_impl"]
@@ -47,24 +47,16 @@ def is_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _launch_module() -> Any:
-    try:
-        return importlib.import_module("kvcompat.kernels._launch")
-    except ImportError as exc:
-        if exc.name is None or exc.name.split(".")[0] != "triton":
-            raise
-        msg = (
-            "kvcompat's GPU kernels need triton, which is not installed. "
-            "Hint: pip install triton (or pip install 'kvcompat[triton]'), or use impl='torch'."
-        )
-        raise ImportError(msg, name="triton") from exc
+def _selector() -> Any:
+    return importlib.import_module("kvcompat.kernels._select")
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(_launch_module(), name)
+        _selector().load_launchers()  # the ImportError naming pip when triton is missing
+        return getattr(importlib.import_module("kvcompat.kernels._library"), name)
     if name in _SELECT:
-        return getattr(importlib.import_module("kvcompat.kernels._select"), name)
+        return getattr(_selector(), name)
     msg = f"module 'kvcompat.kernels' has no attribute {name!r}"
     raise AttributeError(msg)
 

@@ -1,6 +1,8 @@
-"""Public launchers of the Triton kernels (importing this module imports triton).
+"""The eager launchers of the Triton kernels (importing this module imports triton).
 
-The launchers check only what the host already knows (dtypes, shapes, devices,
+:mod:`kvcompat._ops` calls them after its own validation; ``kvcompat.kernels`` exports
+them through :mod:`kvcompat.kernels._library`, which turns them into custom ops under
+``torch.compile``. The launchers check only what the host already knows (dtypes, shapes, devices,
 contiguity, alignment): they never read a device value, so they do not synchronise and,
 given a pre-allocated ``out``, can be captured in a CUDA graph. Location ranges, duplicate
 write locations and non-finite values are checked by :func:`kvcompat.layouts.dequantize`
@@ -14,7 +16,6 @@ import contextlib
 import torch
 import triton
 
-from kvcompat import _ops
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.kernels import _triton as jit
 from kvcompat.kernels._config import LaunchSettings, launch_settings
@@ -27,9 +28,8 @@ from kvcompat.kernels._plan import (
     word_bytes,
     write_plan,
 )
-from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._spec import LayoutSpec
-from kvcompat.layouts._validate import check_buffer, check_page_size
+from kvcompat.layouts._validate import check_buffer, check_page_size, resolve_layout
 
 __all__ = ["FORCE_SOFT", "INTERPRETED", "gather_dequantize", "quantize_scatter"]
 
@@ -49,14 +49,6 @@ _MAX_BLOCK_C = 512
 
 def _soft() -> bool:
     return INTERPRETED or FORCE_SOFT or ROCM
-
-
-def _spec(layout: LayoutSpec | str | object, *, fnuz: bool) -> LayoutSpec:
-    spec = get_layout(layout)
-    if fnuz and not spec.supports_fnuz:
-        msg = f"layout {spec.name!r} has no fnuz variant. Hint: drop fnuz=True."
-        raise LayoutError(msg)
-    return spec
 
 
 def _check_device(buf: torch.Tensor) -> None:
@@ -188,43 +180,8 @@ def gather_dequantize(
     out: torch.Tensor | None = None,
     fnuz: bool = False,
 ) -> torch.Tensor:
-    """Read tokens ``loc`` of a pool buffer into dense ``[n, dim]`` values (Triton).
-
-    Byte for byte what :func:`kvcompat.layouts.dequantize` (the torch twin) returns. The
-    locations are trusted: call :func:`kvcompat.layouts.check_read` first, or go through
-    ``dequantize(..., impl="triton")``, which does.
-
-    Args:
-        spec: a :class:`~kvcompat.layouts.LayoutSpec` or anything
-            :func:`~kvcompat.layouts.get_layout` accepts.
-        buf: the pool's per-layer buffer (contiguous, 16-byte aligned) on a CUDA device,
-            or on the CPU under ``TRITON_INTERPRET=1``.
-        loc: 1-D int32 or int64 token locations on ``buf``'s device (may repeat).
-        page_size: the pool's page size in tokens.
-        out: optional ``[n, spec.dim]`` contiguous tensor of ``spec.output_dtype`` to
-            write into (required for CUDA-graph capture, where nothing may allocate).
-        fnuz: read V4 bytes written by SGLang's ROCm e4m3fnuz store.
-
-    Returns:
-        ``out`` (or a new tensor) holding the decoded values.
-
-    Raises:
-        LayoutError: a buffer, page size, ``loc`` or ``out`` that does not fit.
-        NotImplementedError: no kernel serves this layout or buffer alignment.
-        RuntimeError: a CPU buffer without the Triton interpreter.
-
-    Example:
-        >>> import torch
-        >>> from kvcompat.kernels import gather_dequantize
-        >>> from kvcompat.layouts import V4
-        >>> if torch.cuda.is_available():  # doctest: +SKIP
-        ...     buf = torch.zeros(2, V4.page_bytes(64), dtype=torch.uint8, device="cuda")
-        ...     gather_dequantize(V4, buf, torch.tensor([3, 70], device="cuda"), 64).shape
-        torch.Size([2, 512])
-    """
-    spec = _spec(spec, fnuz=fnuz)
-    if torch.compiler.is_compiling():  # one custom op: Dynamo never traces the launch
-        return _ops.gather_dequantize(spec, buf, loc, page_size, fnuz=fnuz, out=out)
+    """:func:`kvcompat.kernels.gather_dequantize`, eager (no ``torch.compile`` routing)."""
+    spec = resolve_layout(spec, fnuz=fnuz)
     plan = _plan(read_plan(spec, fnuz=fnuz))
     geo = _check_buf(spec, buf, page_size)
     loc = _check_loc(loc, buf.device, LayoutError)
@@ -276,45 +233,8 @@ def quantize_scatter(
     *,
     fnuz: bool = False,
 ) -> None:
-    """Encode ``values`` and write them, in place, as tokens ``loc`` of a pool buffer (Triton).
-
-    Byte for byte what :func:`kvcompat.layouts.quantize` (the torch twin) writes, and no
-    other byte of ``buf`` changes. ``loc`` is trusted to be in range and free of
-    duplicates, and ``values`` to be finite where that matters: call
-    :func:`kvcompat.layouts.check_write` first, or go through ``quantize(...,
-    impl="triton")``, which does.
-
-    Args:
-        spec: a :class:`~kvcompat.layouts.LayoutSpec` or anything
-            :func:`~kvcompat.layouts.get_layout` accepts.
-        values: ``[n, dim]`` (or ``[n, 1, dim]``, ``[n, heads, head_dim]``) bf16, fp16 or
-            fp32 values on ``buf``'s device.
-        buf: the pool's per-layer buffer (contiguous, 16-byte aligned), written in place.
-        loc: 1-D int32 or int64 distinct token locations on ``buf``'s device.
-        page_size: the pool's page size in tokens.
-        fnuz: write V4 bytes as SGLang's ROCm e4m3fnuz store does.
-
-    Raises:
-        LayoutError: a buffer or page size that does not fit.
-        WriteError: ``loc`` or ``values`` of the wrong kind, shape or device.
-        NotImplementedError: no kernel serves this layout, value dtype or alignment.
-        RuntimeError: a CPU buffer without the Triton interpreter.
-
-    Example:
-        >>> import torch
-        >>> from kvcompat.kernels import quantize_scatter
-        >>> from kvcompat.layouts import V41
-        >>> if torch.cuda.is_available():  # doctest: +SKIP
-        ...     buf = torch.zeros(1, V41.page_bytes(64), dtype=torch.uint8, device="cuda")
-        ...     values = torch.ones(2, 512, device="cuda")
-        ...     quantize_scatter(V41, values, buf, torch.tensor([0, 5], device="cuda"), 64)
-        ...     int(buf[0, 64 * 512 + 5 * 16])
-        119
-    """
-    spec = _spec(spec, fnuz=fnuz)
-    if torch.compiler.is_compiling():  # one custom op: Dynamo never traces the launch
-        _ops.quantize_scatter(spec, values, buf, loc, page_size, fnuz=fnuz)
-        return
+    """:func:`kvcompat.kernels.quantize_scatter`, eager (no ``torch.compile`` routing)."""
+    spec = resolve_layout(spec, fnuz=fnuz)
     dtype = getattr(values, "dtype", None)
     if not isinstance(dtype, torch.dtype):
         msg = f"values must be a torch.Tensor; received {type(values).__name__}."

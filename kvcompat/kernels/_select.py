@@ -11,9 +11,10 @@ public question "which one would serve this call?".
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import logging
-from typing import TYPE_CHECKING, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import torch
 
@@ -23,7 +24,7 @@ from kvcompat._errors import ImplError, KernelUnavailableError
 if TYPE_CHECKING:
     from kvcompat.layouts._spec import LayoutSpec
 
-__all__ = ["ImplChoice", "decide", "dispatch", "which_impl"]
+__all__ = ["ImplChoice", "decide", "dispatch", "load_launchers", "which_impl"]
 
 ALIGN: Final = 16
 """The kernels need the buffer's address to be a multiple of this many bytes."""
@@ -77,6 +78,27 @@ _C: Final = {
 """The fixed choices, built once (the hot path returns these, allocating nothing)."""
 
 
+def load_launchers() -> Any:
+    """``kvcompat.kernels._launch`` (imports triton); an ImportError naming pip without it.
+
+    Example:
+        >>> from kvcompat.kernels._select import load_launchers
+        >>> from kvcompat.kernels import is_available
+        >>> is_available() or load_launchers()  # doctest: +SKIP
+        True
+    """
+    try:
+        return importlib.import_module("kvcompat.kernels._launch")
+    except ImportError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "triton":
+            raise
+        msg = (
+            "kvcompat's GPU kernels need triton, which is not installed. "
+            "Hint: pip install triton (or pip install 'kvcompat[triton]'), or use impl='torch'."
+        )
+        raise ImportError(msg, name="triton") from exc
+
+
 @functools.cache
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
@@ -97,11 +119,7 @@ def _forced_gap(buf: object) -> str | None:
     """
     if not isinstance(buf, torch.Tensor):
         return None  # validation explains what buf must be
-    from kvcompat import kernels  # noqa: PLC0415 - triton only when forced
-
-    kernels.gather_dequantize  # noqa: B018 - raises the pip-install ImportError
-    from kvcompat.kernels import _launch  # noqa: PLC0415
-
+    _launch = load_launchers()  # triton only when forced
     if buf.device.type != "cuda" and not (buf.device.type == "cpu" and _launch.INTERPRETED):
         return (
             "the Triton kernels need CUDA tensors, or CPU tensors under the Triton "

@@ -28,14 +28,18 @@ Example:
 
 from __future__ import annotations
 
-from kvcompat.layouts._codec import dequantize, quantize
+import typing as _typing
+
 from kvcompat.layouts._registry import EXPORTS as _EXPORTS
 from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._spec import Encoding, LayoutSpec, Segment, SegmentRole
-from kvcompat.layouts._validate import check_read, check_write
+from kvcompat.layouts._validate import check_read
 from kvcompat.layouts.dsa_fp8 import dsa_fp8_layout
 from kvcompat.layouts.mha import mha_layout
 from kvcompat.layouts.mla import mla_layout
+
+if _typing.TYPE_CHECKING:
+    from kvcompat._ops import check_write, dequantize, quantize
 
 __all__ = [
     "Encoding",
@@ -57,12 +61,24 @@ __all__ = [
 __all__ += sorted(_EXPORTS)  # noqa: PLE0605 -- names from the registry; pinned by a test
 
 
+_DISPATCHED = frozenset({"check_write", "dequantize", "quantize"})
+"""The entry points that pick the torch twin or a Triton kernel: they live in the dispatch
+module above this package (:mod:`kvcompat._ops`, where a read or write goes) and are
+re-exported here on first use, so that no module of this package imports upward."""
+
+
 def __getattr__(name: str) -> LayoutSpec:
     """A named layout, from the registry (``kvcompat.layouts.V4``); typed for mypy.
 
     Raises:
         AttributeError: no layout module exports ``name``.
     """
+    if name in _DISPATCHED:
+        from kvcompat import _ops  # noqa: PLC0415 - the one lazy re-export (see _DISPATCHED)
+
+        entry = getattr(_ops, name)
+        globals()[name] = entry  # later lookups are plain attribute reads
+        return _typing.cast("LayoutSpec", entry)  # mypy sees the real types (TYPE_CHECKING above)
     spec = _EXPORTS.get(name)
     if spec is None:
         msg = f"module 'kvcompat.layouts' has no attribute {name!r}"
@@ -71,4 +87,4 @@ def __getattr__(name: str) -> LayoutSpec:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, *_DISPATCHED})

@@ -11,6 +11,7 @@ import enum
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING
 
@@ -33,8 +34,8 @@ __all__ = [
 
 def _layout_modules() -> list[ModuleType]:
     """Every public module of :mod:`kvcompat.layouts` (one per byte layout), by name."""
-    package = importlib.import_module("kvcompat.layouts")
-    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__))
+    here = str(Path(__file__).parent)  # the package itself, without importing it again
+    names = sorted(info.name for info in pkgutil.iter_modules([here]))
     return [
         importlib.import_module(f"kvcompat.layouts.{name}")
         for name in names

@@ -32,11 +32,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-# Imported here, not inside the traced branch: Dynamo must never trace an import (with
-# the lazy top-level package, that would run kvcompat.__getattr__ inside the graph).
-from kvcompat import _ops
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._spec import Encoding, SegmentRole
 
 if TYPE_CHECKING:
@@ -46,10 +44,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_buffer",
+    "check_loc",
     "check_page_size",
     "check_read",
+    "check_values",
     "check_write",
     "overlaps",
+    "resolve_layout",
+    "span",
     "unaliased",
     "value_limits",
 ]
@@ -95,6 +97,26 @@ def _preview(values: torch.Tensor) -> str:
     return shown + (", ..." if values.numel() > _SHOWN else "")
 
 
+def resolve_layout(layout: object, *, fnuz: bool) -> LayoutSpec:
+    """The :class:`LayoutSpec` ``layout`` names (:func:`get_layout`), checked against ``fnuz``.
+
+    Raises:
+        LayoutError: an unknown layout, or ``fnuz`` on a layout without it.
+
+    Example:
+        >>> resolve_layout("v4", fnuz=True).name
+        'v4'
+    """
+    spec = get_layout(layout)
+    if fnuz and not spec.supports_fnuz:
+        msg = (
+            f"fnuz=True selects the ROCm e4m3fnuz bytes of the V4 layout; layout "
+            f"{spec.name!r} has no fnuz variant. Hint: drop fnuz=True."
+        )
+        raise LayoutError(msg)
+    return spec
+
+
 def check_page_size(spec: LayoutSpec, page_size: object) -> int:
     """``page_size`` as a positive int, or :class:`~kvcompat.LayoutError`."""
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
@@ -137,7 +159,7 @@ def check_buffer(spec: LayoutSpec, buf: object, page_size: int) -> int:
     return int(buf.shape[0]) * per_row
 
 
-def _check_loc(
+def check_loc(
     loc: object,
     *,
     capacity: int,
@@ -145,6 +167,10 @@ def _check_loc(
     error: type[LayoutError] | type[WriteError],
     unique: bool,
 ) -> torch.Tensor:
+    """``loc`` as int64, checked: dense, 1-D, integer, on ``device``, in range, distinct.
+
+    Distinct only when ``unique``; any failure raises ``error``.
+    """
     if not isinstance(loc, torch.Tensor):
         msg = (
             f"loc must be a 1-D integer torch.Tensor; received {type(loc).__name__}. "
@@ -226,7 +252,7 @@ def check_read(
     """
     size = check_page_size(spec, page_size)
     capacity = check_buffer(spec, buf, size)
-    return _check_loc(loc, capacity=capacity, device=buf.device, error=LayoutError, unique=False)
+    return check_loc(loc, capacity=capacity, device=buf.device, error=LayoutError, unique=False)
 
 
 def _value_shapes(spec: LayoutSpec, n: int) -> list[tuple[int, ...]]:
@@ -236,9 +262,10 @@ def _value_shapes(spec: LayoutSpec, n: int) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _check_values(
+def check_values(
     spec: LayoutSpec, values: object, n: int, device: torch.device, *, check_finite: bool
 ) -> torch.Tensor:
+    """``values`` checked for a write of ``n`` tokens, as ``[n, dim]``; WriteError otherwise."""
     if not isinstance(values, torch.Tensor):
         msg = f"values must be a torch.Tensor; received {type(values).__name__}."
         raise WriteError(msg)
@@ -414,7 +441,7 @@ def _check_finite(spec: LayoutSpec, rows: torch.Tensor) -> None:
     raise WriteError(msg)
 
 
-def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
+def span(tensor: torch.Tensor) -> tuple[int, int] | None:
     """``[first, last + 1)`` byte addresses ``tensor`` can touch, or None when empty."""
     count = tensor.numel()
     if count == 0:
@@ -440,7 +467,7 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         >>> overlaps(buf[2:4], buf), overlaps(buf[2:4], buf[4:]), overlaps(buf.clone(), buf)
         (True, False, False)
     """
-    span_a, span_b = _span(a), _span(b)
+    span_a, span_b = span(a), span(b)
     if span_a is None or span_b is None:
         return False
     return span_a[0] < span_b[1] and span_b[0] < span_a[1] and a.device == b.device
@@ -507,10 +534,8 @@ def check_write(
         ...     print(str(exc).split(".")[0])
         loc repeats 1 location(s): 3
     """
-    if torch.compiler.is_compiling():  # the host reads run inside a custom op (kvcompat._ops)
-        return _ops.check_write(spec, buf, loc, values, page_size, check_finite=check_finite)
     size = check_page_size(spec, page_size)
     capacity = check_buffer(spec, buf, size)
-    loc64 = _check_loc(loc, capacity=capacity, device=buf.device, error=WriteError, unique=True)
-    rows = _check_values(spec, values, loc64.numel(), buf.device, check_finite=check_finite)
+    loc64 = check_loc(loc, capacity=capacity, device=buf.device, error=WriteError, unique=True)
+    rows = check_values(spec, values, loc64.numel(), buf.device, check_finite=check_finite)
     return rows, loc64

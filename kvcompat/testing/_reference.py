@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from kvcompat._families import Family, _install, qualified_name
 from kvcompat._protocol import PoolKind
-from kvcompat._registry import Family, _install, qualified_name
 from kvcompat.adapters._leaf import LatentAdapter, SingleKVAdapter, SplitAdapter
 from kvcompat.adapters.sglang import SWA_PARTS, adapt_swa
 from kvcompat.layouts._registry import KV_LAYOUT_NAMES

@@ -120,7 +120,7 @@ def test_unsupported_but_recognised_classes_say_why() -> None:
     import sys
     import types
 
-    from kvcompat._registry import Family, _install
+    from kvcompat._families import Family, _install
 
     name = "fakeengine_for_kvcompat.noop"
     qualname = f"{name}.NoOpPool"
