@@ -49,6 +49,9 @@ class CompatViewError(KVCompatError, RuntimeError):
     """
 
 
+CompatViewError.__module__ = "kvcompat.compat"  # where users import it from
+
+
 @dataclass(frozen=True)
 class ViewPlan:
     """What one layer's views look like: logical geometry plus where reads go.

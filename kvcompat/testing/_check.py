@@ -121,6 +121,9 @@ class PoolCheckError(KVCompatError, AssertionError):
         self.report = report
 
 
+PoolCheckError.__module__ = "kvcompat.testing"  # where users import it from
+
+
 @dataclass
 class _State:
     failures: list[CheckFailure] = field(default_factory=list)

@@ -49,3 +49,7 @@ class TransferError(KVCompatError, RuntimeError):
         super().__init__(message)
         self.arrived: dict[str, tuple[int, ...]] = dict(arrived or {})
         self.not_arrived: dict[str, tuple[int, ...]] = dict(not_arrived or {})
+
+
+# Users import these from ``kvcompat.transfer``: tracebacks and pickles name them there.
+TransferPlanError.__module__ = TransferError.__module__ = "kvcompat.transfer"

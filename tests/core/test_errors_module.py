@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import subprocess
 import sys
@@ -83,3 +84,22 @@ def test_adapt_still_offers_register_adapter_for_an_unknown_class() -> None:
 
     with pytest.raises(kvcompat.UnsupportedPoolError, match=r'register_adapter\(".*VendorPool"'):
         kvcompat.adapt(VendorPool())
+
+
+@pytest.mark.parametrize(
+    ("public", "name"),
+    [
+        ("kvcompat.compat", "CompatViewError"),
+        ("kvcompat.transfer", "TransferPlanError"),
+        ("kvcompat.transfer", "TransferError"),
+        ("kvcompat.testing", "PoolCheckError"),
+    ],
+)
+def test_the_other_errors_name_the_module_users_import_them_from(public: str, name: str) -> None:
+    module = importlib.import_module(public)
+    cls = getattr(module, name)
+    assert cls.__module__ == public
+    assert repr(cls) == f"<class '{public}.{name}'>"
+    if name != "PoolCheckError":  # its constructor takes a report, not a message
+        back = pickle.loads(pickle.dumps(cls("message")))
+        assert type(back) is cls
