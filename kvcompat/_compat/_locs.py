@@ -53,6 +53,7 @@ class LocSpace:
     __slots__ = (
         "_attr",
         "_describe",
+        "_full_layer",
         "_missing",
         "_owner",
         "_plain_writes",
@@ -75,6 +76,7 @@ class LocSpace:
         missing: str | None = None,
         plain_writes: str | None = None,
         views_translate: bool = True,
+        full_layer: bool = False,
     ) -> None:
         self.rows = rows
         self.mapping = mapping
@@ -86,6 +88,7 @@ class LocSpace:
         self._translate = translate
         self._missing = missing
         self._plain_writes = plain_writes
+        self._full_layer = full_layer
 
     def is_current(self) -> bool:
         """Whether the pool still holds the mapping this space was built for."""
@@ -138,7 +141,7 @@ class LocSpace:
             given = swa_loc if swa_loc is not None else getattr(loc_info, "swa_loc", None)
             if given is not None:
                 return given
-        else:
+        elif self._full_layer:  # a composite's full-attention layer: KVWriteLoc.full_loc
             full_loc = getattr(loc_info, "full_loc", None)
             full = full if full_loc is None else full_loc
         if self._plain_writes is not None:
@@ -168,7 +171,7 @@ def loc_space(
     native = leaf.native
     if hasattr(type(native), "translate_loc_to_hisparse_device"):
         return _hisparse(native, layer_id, storage_rows, name=adapter.name, views=views)
-    return LocSpace(storage_rows, describe="token slots")
+    return LocSpace(storage_rows, describe="token slots", full_layer=part is not None)
 
 
 def _sliding_window(

@@ -280,3 +280,14 @@ def test_bad_inputs() -> None:
         _ = view[torch.tensor([500])]
     with pytest.raises(CompatViewError, match="float32 index"):
         _ = view[torch.tensor([1.0])]
+
+
+def test_a_leaf_pool_writes_kv_write_loc_loc_and_ignores_full_loc() -> None:
+    # full_loc is a composite's full-attention sub-pool location (SGLang's leaves ignore it).
+    native = ReferenceMHATokenToKVPool(64, 16)
+    pool = kvcompat.compat(native)
+    k = torch.ones(1, *native.k_buffer[0].shape[1:], dtype=native.k_buffer[0].dtype)
+    write_loc = SimpleNamespace(loc=torch.tensor([7]), swa_loc=None, full_loc=torch.tensor([9]))
+    pool.set_kv_buffer(radix_layer(0), write_loc, k, 2 * k)
+    assert torch.equal(native.k_buffer[0][7], k[0])
+    assert not native.k_buffer[0][9].any()
