@@ -367,8 +367,8 @@ def check_write(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate a write of ``values`` at ``loc`` before any byte moves.
 
-    :func:`kvcompat.layouts._validate.check_write` (its arguments, results and errors),
-    and inside ``torch.compile`` the same checks through the custom op
+    The layouts' own write check (``kvcompat/layouts/_validate.py``: the same arguments,
+    results and errors), and inside ``torch.compile`` the same checks through the custom op
     ``kvcompat::check_write``: they run inside the op, at run time, and the returned
     int64 ``loc`` is the op's output, so every write that uses it is ordered after its
     check.
