@@ -44,8 +44,6 @@ class LocSpace:
     Attributes:
         rows: how many locations the space holds (a logical view's ``shape[0]``).
         mapping: the native mapping tensor the translation reads (None: none used).
-        views_translate: whether a logical view's gathers translate (False where the
-            layer's getters are native tensors, indexed by storage slot).
         fixed: True where nothing the pool registers later can change the space (the
             getters' hot path then skips :meth:`is_current`).
     """
@@ -61,7 +59,6 @@ class LocSpace:
         "fixed",
         "mapping",
         "rows",
-        "views_translate",
     )
 
     def __init__(
@@ -75,12 +72,10 @@ class LocSpace:
         translate: Callable[[torch.Tensor], torch.Tensor] | None = None,
         missing: str | None = None,
         plain_writes: str | None = None,
-        views_translate: bool = True,
         full_layer: bool = False,
     ) -> None:
         self.rows = rows
         self.mapping = mapping
-        self.views_translate = views_translate
         self._describe = describe
         self._owner = owner
         self._attr = attr
@@ -201,7 +196,6 @@ def _sliding_window(
             owner=native,
             mapping=mapping,
             plain_writes=plain,
-            views_translate=False,
         )
     translate = getattr(native, "translate_loc_from_full_to_swa", None)
     if mapping is not None and translate is not None:
@@ -245,7 +239,6 @@ def _hisparse(native: Any, layer_id: int, storage_rows: int, *, name: str, views
             attr=_HISPARSE,
             mapping=mapping,
             plain_writes=plain,
-            views_translate=False,
         )
     if mapping is None:
         missing = (
