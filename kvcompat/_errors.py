@@ -92,8 +92,8 @@ class UnsupportedPoolError(KVCompatError, TypeError):
         >>> try:
         ...     kvcompat.adapt(Cache())
         ... except TypeError as exc:
-        ...     print(exc.args[0].splitlines()[0])
-        kvcompat does not know how to adapt an object of type __main__.Cache.
+        ...     print(exc.args[0].splitlines()[0])  # doctest: +ELLIPSIS
+        kvcompat does not know how to adapt an object of type ...Cache.
     """
 
 
@@ -135,8 +135,8 @@ class PoolStateError(LayoutError, AttributeError):
         >>> try:
         ...     pool.get_key_buffer(0)
         ... except AttributeError as exc:
-        ...     print(type(exc).__name__, exc.args[0].split(" (")[0])
-        PoolStateError ReferenceMHATokenToKVPool has no 'k_buffer' buffer list
+        ...     print(type(exc).__name__, exc.args[0].split(",")[0])
+        PoolStateError ReferenceMHATokenToKVPool has no attribute 'k_buffer'
     """
 
 

@@ -46,7 +46,7 @@ def coerce_layer_id(layer_id: Any, owner: str) -> int:
         >>> coerce_layer_id(True, "pool")
         Traceback (most recent call last):
         ...
-        kvcompat._errors.LayerIdTypeError: layer id must be an int, got bool True (pool).
+        kvcompat.LayerIdTypeError: layer id must be an int, got bool True (pool).
         Hint: pass the absolute model layer id, e.g. layer.layer_id.
     """
     if type(layer_id) is int:
@@ -70,7 +70,7 @@ def raise_unserved(layer_id: Any, owner: str, ids: Iterable[int], note: str = ""
         >>> raise_unserved(5, "MHATokenToKVPool", range(2))
         Traceback (most recent call last):
         ...
-        kvcompat._errors.LayerOutOfRangeError: layer id 5 is not served by MHATokenToKVPool: valid layer ids are 0..1.
+        kvcompat.LayerOutOfRangeError: layer id 5 is not served by MHATokenToKVPool: valid layer ids are 0..1.
         Hint: kvcompat takes absolute model layer ids (the pool's start_layer is already accounted for).
     """  # noqa: E501
     layer = coerce_layer_id(layer_id, owner)

@@ -308,6 +308,9 @@ def test_a_buffer_list_that_shrank_after_adapt_says_to_adapt_again(case: Case, h
         top = max(slots.values())
         lost = sorted(layer for layer, slot in slots.items() if slot == top)
         listing = getattr(native, part.source_attr)
+        declared = getattr(type(native), part.source_attr, None)
+        if how == "replaced" and isinstance(declared, property) and declared.fset is None:
+            continue  # a read-only view (DSA's index keys): only shrinking it in place applies
         if how == "replaced":
             setattr(native, part.source_attr, list(listing[:top]))
         else:
