@@ -15,8 +15,8 @@
    never imported). No command may print torch's "Failed to initialize NumPy" warning, or
    anything else on stderr.
 3. The torch-free CI recipe of ``docs/scan.md``, read from the page: its workflow step's
-   commands run in a venv without torch (the wheel stands for ``kvcompat`` in the
-   ``pip install`` line, a probe file for ``src/``); ``kvcompat --version`` and
+   commands run in a venv without torch (the built wheel stands for ``dist/kvcompat-*.whl``
+   in the ``pip install`` line, a probe file for ``src/``); ``kvcompat --version`` and
    ``--help`` work there too, and ``kvcompat demo`` fails with one line naming
    ``pip install torch``.
 
@@ -45,6 +45,9 @@ WORK = ROOT / ".wheel-check"
 PINS = ROOT / "requirements" / "torch-cpu.txt"
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 SCAN_PAGE = ROOT / "docs" / "scan.md"
+WHEEL_GLOB = "dist/kvcompat-*.whl"
+"""How the scanner's CI recipe names the wheel built from a checkout (the built wheel here)."""
+WHEEL_INSTALL = f"pip install --no-deps {WHEEL_GLOB}"
 INSTALL_PAGE = ROOT / "docs" / "quickstart.md"
 INSTALL_MARKER = "<!-- install-commands"
 NUMPY_WARNING = "Failed to initialize NumPy"
@@ -273,7 +276,7 @@ def ci_recipe() -> list[str]:
 
 
 def check_without_torch(wheel: Path, outside: Path) -> None:
-    """The docs' torch-free recipe: ``pip install --no-deps kvcompat`` runs the scanner."""
+    """The docs' torch-free recipe: ``pip install --no-deps`` of the wheel runs the scanner."""
     started = time.perf_counter()
     venv = _venv("no-torch", [])
     bin_dir = venv / "bin"
@@ -286,8 +289,8 @@ def check_without_torch(wheel: Path, outside: Path) -> None:
     (project / "src" / "probe.py").write_text("k, v = token_to_kv_pool.get_kv_buffer(layer_id)\n")
     (project / "tests" / "fixtures" / "old.py").write_text("v = pool.get_value_buffer(0)\n")
     recipe = ci_recipe()
-    if not recipe or not recipe[0].startswith("pip install --no-deps kvcompat"):
-        msg = f"docs/scan.md's CI step should start with pip install --no-deps kvcompat: {recipe}"
+    if not recipe or not recipe[0].startswith(WHEEL_INSTALL):
+        msg = f"docs/scan.md's CI step should start with {WHEEL_INSTALL}: {recipe}"
         raise CheckError(msg)
     found = None
     for line in recipe:
@@ -301,7 +304,7 @@ def check_without_torch(wheel: Path, outside: Path) -> None:
                 "install",
                 "-q",
                 "--force-reinstall",
-                *[str(wheel) if w == "kvcompat" else w for w in words[2:]],
+                *[str(wheel) if w == WHEEL_GLOB else w for w in words[2:]],
             ]
             _run(words, cwd=project, env=env)
         else:
