@@ -221,19 +221,7 @@ def build_dsa_pool(
     end_layer: EndLayer = STAGE_END,
 ) -> Any:
     """``DSATokenToKVPool`` (bf16 latent, so not the packed 656-byte fp8 row) + index-K cache."""
-    return pool_class("DSATokenToKVPool")(
-        size=SIZE,
-        page_size=DSA_PAGE,
-        kv_lora_rank=KV_LORA_RANK,
-        dtype=torch.bfloat16,
-        qk_rope_head_dim=QK_ROPE,
-        layer_num=layer_num,
-        device=DEVICE,
-        index_head_dim=DSA_INDEX_HEAD_DIM,
-        enable_memory_saver=False,
-        kv_cache_dim=DSA_KV_CACHE_DIM,
-        **_stage(start_layer, layer_num, end_layer),
-    )
+    return _dsa_like("DSATokenToKVPool", start_layer, layer_num, end_layer)
 
 
 def build_nsa_pool(
@@ -244,7 +232,12 @@ def build_nsa_pool(
 ) -> Any:
     """``NSATokenToKVPool``: SGLang 0.5.12's name for the DSA pool (bf16 latent + index keys
     in an ``index_k_with_scale_buffer`` list); ReleaseLacks on 0.5.13 on."""
-    return pool_class("NSATokenToKVPool")(
+    return _dsa_like("NSATokenToKVPool", start_layer, layer_num, end_layer)
+
+
+def _dsa_like(name: str, start_layer: int, layer_num: int, end_layer: EndLayer) -> Any:
+    """A bf16 DSA-family pool (``DSATokenToKVPool`` or 0.5.12's ``NSATokenToKVPool``)."""
+    return pool_class(name)(
         size=SIZE,
         page_size=DSA_PAGE,
         kv_lora_rank=KV_LORA_RANK,
