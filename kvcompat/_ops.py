@@ -811,10 +811,10 @@ def write_layer_parts(
         return
     stores: list[Store] = []
     for plan, rows, loc64 in ready:
-        index = loc64.long()
+        where = loc64.long()
         for layer, buf in enumerate(plan.bufs):
             stores.extend(
-                encode_part(plan.spec, rows[layer], buf, index, plan.page_size, fnuz=plan.fnuz)
+                encode_part(plan.spec, rows[layer], buf, where, plan.page_size, fnuz=plan.fnuz)
             )
     commit(stores)
 
