@@ -76,19 +76,22 @@ def layers_gpu_table(data: Path) -> str:
         )
     found = json.loads(source.read_text())
     machine = found["machine"]
-    lines = [
+    header = (
         f"{machine['gpu']}, driver {machine['driver']}, torch {machine['torch']}, "
-        f"triton {machine['triton']}; `{found['command']}`.",
+        f"triton {machine['triton']}; `{found['command']}`."
+    )
+    lines = [
+        header,
         "",
-        "| pool | layers × tokens | op | implementation | timing | µs | GB/s | share of copy |",
+        "| pool | layers x tokens | op | implementation | timing | us | GB/s | share of copy |",
         "|---|---|---|---|---|---:|---:|---:|",
     ]
-    for row in found["rows"]:
-        lines.append(
-            f"| {row['pool']} | {row['layers']} × {row['tokens']} | {row['op']} | "
-            f"{row['impl']} | {row['time']} | {row['us']:.1f} | {row['GBps']:.1f} | "
-            f"{100 * row['share_of_copy']:.1f} % |"
-        )
+    lines.extend(
+        f"| {row['pool']} | {row['layers']} x {row['tokens']} | {row['op']} | "
+        f"{row['impl']} | {row['time']} | {row['us']:.1f} | {row['GBps']:.1f} | "
+        f"{100 * row['share_of_copy']:.1f} % |"
+        for row in found["rows"]
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -52,7 +52,7 @@ from kvcompat._protocol import Impl
 from kvcompat.kernels._library import OPS as _KERNEL_OPS
 from kvcompat.kernels._library import empty_read, fresh
 from kvcompat.kernels._select import dispatch, load_launchers
-from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._addressing import byte_rows, row_pitch
 from kvcompat.layouts._codec import PLAIN_CODEC, commit, dequantize_torch, encode_part
 from kvcompat.layouts._lookup import op_key, register_layout, spec_for
 from kvcompat.layouts._validate import (
@@ -158,7 +158,8 @@ def dequantize(
     Args:
         layout: a :class:`LayoutSpec` or anything :func:`get_layout` accepts.
         buf: the pool's per-layer buffer: ``[num_pages, page_bytes]`` for the DeepSeek-V4
-            layouts (uint8 or fp8-typed), ``[rows, ...]`` for token-major rows. Contiguous.
+            layouts (uint8 or fp8-typed), ``[rows, ...]`` for token-major rows. Contiguous,
+            or a view striding only its first dimension (rows further apart than their size).
         loc: 1-D integer tensor of token locations on ``buf``'s device (may repeat).
         page_size: the pool's page size in tokens (ignored for addressing by token-major
             layouts, but still checked to be a positive int).
@@ -418,7 +419,7 @@ class BufferPlan:
     def __init__(self, spec: LayoutSpec, buf: torch.Tensor, capacity: int) -> None:
         self.spec, self.buf, self.capacity = spec, buf, capacity
         self.ptr, self.shape = buf.data_ptr(), buf.shape
-        self.span = (self.ptr, self.ptr + buf.numel() * buf.element_size())  # bytes it spans
+        self.span = span(buf) or (self.ptr, self.ptr)  # the bytes it spans
         raw = byte_rows(buf)
         self.rows = raw.view(spec.output_dtype)  # [capacity, dim] elements: what reads gather
         # What writes store into: the elements (index_copy_ moves 2-byte rows several times
@@ -646,12 +647,19 @@ def plan_layers(
         raise LayoutError(msg)
     size = check_page_size(spec, page_size)
     capacity = min(check_buffer(spec, buf, size) for buf in bufs)
-    device = bufs[0].device
+    device, pitch = bufs[0].device, row_pitch(bufs[0])
     for buf in bufs:
         if buf.device != device:
             msg = (
                 f"every layer's buffer must be on one device; received {device} and "
                 f"{buf.device}. Hint: call once per device."
+            )
+            raise LayoutError(msg)
+        if row_pitch(buf) != pitch:
+            msg = (
+                "every layer's rows must be the same number of bytes apart for one call; "
+                f"received {pitch} and {row_pitch(buf)} (strides {buf.stride()}). Hint: plan "
+                "layers whose buffers have the same strides together."
             )
             raise LayoutError(msg)
     return LayersPlan(spec, tuple(bufs), size, capacity, fnuz=fnuz)

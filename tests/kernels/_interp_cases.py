@@ -52,6 +52,7 @@ from _kernel_checks import (
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
+    strided_matches_contiguous,
     write_matches_twin,
 )
 from hypothesis import given, settings
@@ -241,3 +242,8 @@ def test_a_layered_launch_equals_one_twin_call_per_layer(spec: LayoutSpec) -> No
 
 def test_layered_raw_rows_on_strided_buffers() -> None:
     layered_rows_match("cpu")
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_a_strided_view_equals_its_rows_held_contiguously(spec: LayoutSpec) -> None:
+    strided_matches_contiguous(spec, 3 if spec.paged else 1, torch.bfloat16, "cpu", ("triton",))

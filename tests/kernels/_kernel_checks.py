@@ -348,3 +348,48 @@ def layered_rows_match(device: str) -> None:
         expect = before[i].clone()
         expect[where, 16:56] = payload[i]
         assert torch.equal(b, expect), i
+
+
+def strided_matches_contiguous(
+    spec: LayoutSpec, page_size: int, dtype: torch.dtype, device: str, impls: tuple[str, ...]
+) -> None:
+    """A strided view's rows (pages or token rows ``pitch`` bytes apart) read and write as
+    the same rows held contiguously, and a write touches nothing between the rows.
+
+    The storage interleaves three layers row by row (a block-outer layout such as vLLM's
+    ``BLHNC``); the view is the middle layer's rows.
+    """
+    rows = _rows_for(spec, page_size, 40)
+    dense = make_buffer(spec, page_size, rows, seed=page_size + 11, device=device)
+    g = torch.Generator().manual_seed(3)
+
+    def row_bytes(t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.uint8).reshape(rows, -1)
+
+    width = row_bytes(dense).shape[1]
+    pad = 0 if spec.paged else -width % 16  # token rows: every row 16-byte aligned
+    backing = torch.randint(0, 256, (rows, 3, width + pad), generator=g)
+    backing = backing.to(torch.uint8).to(device)
+    backing[:, 1, :width] = row_bytes(dense)
+    view = backing[:, 1, :width]
+    if dense.dtype != torch.uint8:
+        view = view.view(dense.dtype).view(dense.shape)
+    assert not view.is_contiguous()
+    cap = capacity(spec, dense, page_size)
+    n = min(cap, 16)
+    loc = edge_locs(spec, page_size, cap, seed=4, n=n).to(device)
+    values = special_values(spec, n, seed=2, dtype=dtype, non_finite=False).to(device)
+    saturates = spec.data_encoding.value == "e2m1x2"
+    for impl in impls:
+        strided_read = dequantize(spec, view, loc, page_size, impl=impl)
+        dense_read = dequantize(spec, dense, loc, page_size, impl=impl)
+        assert torch.equal(as_bytes(strided_read), as_bytes(dense_read)), (spec.name, impl)
+        before = backing.clone()
+        mine, theirs = view, dense.clone()
+        quantize(spec, values, mine, loc, page_size, impl=impl, check_finite=not saturates)
+        quantize(spec, values, theirs, loc, page_size, impl="torch", check_finite=not saturates)
+        assert torch.equal(backing[:, 1, :width], row_bytes(theirs)), (spec.name, impl)
+        assert torch.equal(backing[:, 1, width:], before[:, 1, width:]), (spec.name, impl)
+        assert torch.equal(backing[:, 0], before[:, 0]), (spec.name, impl)
+        assert torch.equal(backing[:, 2], before[:, 2]), (spec.name, impl)
+        backing.copy_(before)

@@ -39,6 +39,7 @@ from _kernel_checks import (
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
+    strided_matches_contiguous,
     write_matches_twin,
 )
 from _sglang import places
@@ -322,3 +323,8 @@ def test_a_layered_launch_equals_one_twin_call_per_layer(
 
 def test_layered_raw_rows_on_strided_buffers() -> None:
     layered_rows_match("cuda")
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_a_strided_view_equals_its_rows_held_contiguously(spec: LayoutSpec, soft: bool) -> None:
+    strided_matches_contiguous(spec, 64 if spec.paged else 1, torch.bfloat16, "cuda", ("triton",))
