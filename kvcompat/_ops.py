@@ -560,8 +560,11 @@ def quantize_planned(
             mine = span(rows)
             if mine is not None and any(lo < mine[1] and mine[0] < hi for lo, hi in spans):
                 rows = rows.clone(memory_format=torch.contiguous_format)
-            data, _ = spec.codec.encode(spec, rows, fnuz=False)
             target = plan.store  # type: ignore[union-attr]
+            if rows.dtype == target.dtype:  # the stored dtype already: rows are the bytes
+                stores.append((target, loc, rows))
+                continue
+            data, _ = spec.codec.encode(spec, rows, fnuz=False)
             stores.append((target, loc, data.view(target.dtype)))  # the encoded bytes
     commit(stores)
     return None
