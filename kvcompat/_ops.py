@@ -712,7 +712,7 @@ def read_layers(
     if out is None:
         out = torch.empty(shape, dtype=spec.output_dtype, device=bufs[0].device)
     loc64 = loc.long()
-    plain = spec.codec is PLAIN_CODEC and not spec.paged and spec.data_bytes == spec.bytes_per_token
+    plain = _plain_rows(spec)
     for layer, buf in enumerate(bufs):
         if plain:
             torch.index_select(byte_rows(buf).view(spec.output_dtype), 0, loc64, out=out[layer])
@@ -823,11 +823,28 @@ def write_layer_parts(
     stores: list[Store] = []
     for plan, rows, loc64 in ready:
         where = loc64.long()
+        spec = plan.spec
+        if _plain_rows(spec) and not plan.fnuz:
+            # Whole rows: store the elements (index_copy_ moves 2-byte rows several times
+            # faster than their bytes), or the bytes of 1-byte elements.
+            for layer, buf in enumerate(plan.bufs):
+                raw = byte_rows(buf)
+                target = raw.view(spec.output_dtype) if spec.output_dtype.itemsize > 1 else raw
+                source = rows[layer]
+                if source.dtype != target.dtype:
+                    source = spec.codec.encode(spec, source, fnuz=False)[0].view(target.dtype)
+                stores.append((target, where, source))
+            continue
         for layer, buf in enumerate(plan.bufs):
             stores.extend(
-                encode_part(plan.spec, rows[layer], buf, where, plan.page_size, fnuz=plan.fnuz)
+                encode_part(spec, rows[layer], buf, where, plan.page_size, fnuz=plan.fnuz)
             )
     commit(stores)
+
+
+def _plain_rows(spec: LayoutSpec) -> bool:
+    """Whether ``spec`` is whole token rows of one element type (MHA, MLA): no scales, no pages."""
+    return spec.codec is PLAIN_CODEC and not spec.paged and spec.data_bytes == spec.bytes_per_token
 
 
 def _check_layer_part(
