@@ -15,6 +15,7 @@ graph.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -126,6 +127,11 @@ class LayerPlan:
             values = [adapter.get_value_buffer(layer, wait=False) for layer in layers]
             self._value = plan_layers(first.value, values, page_size, fnuz=first.fnuz)
         self._raws = adapter._layer_entries(layers)
+        if keys[0].is_cuda:  # the launch table now, so that a captured call allocates nothing
+            for part in (self._key, self._value):
+                if part is not None:
+                    with contextlib.suppress(ImportError):  # no triton: the twin serves
+                        part.bases()
 
     def _fresh(self) -> None:
         """Re-plan when the pool's buffers changed since the plan was made."""
