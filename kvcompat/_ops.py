@@ -79,6 +79,7 @@ __all__ = [
     "Impl",
     "LayersPlan",
     "check_impl",
+    "check_layer_loc",
     "check_write",
     "dequantize",
     "gather_rows_layers",
@@ -693,12 +694,13 @@ def read_layers(
     spec, bufs = plan.spec, plan.bufs
     kernel = dispatch(impl, spec, bufs[0], write=False, fnuz=plan.fnuz)
     if validate:
-        loc = check_loc(
-            loc, capacity=plan.capacity, device=bufs[0].device, error=LayoutError, unique=False
-        )
+        loc = check_layer_loc(
+            loc, len(bufs), capacity=plan.capacity, device=bufs[0].device, error=LayoutError,
+            unique=False,
+        )  # fmt: skip
     elif loc.dtype is not torch.int64 and loc.dtype is not torch.int32:
         loc = loc.long()
-    n = int(loc.shape[0])
+    n = int(loc.shape[-1])
     shape = (len(bufs), n, spec.dim)
     if out is not None:
         _check_out_shape(spec, out, shape, bufs[0].device)
@@ -714,11 +716,57 @@ def read_layers(
     loc64 = loc.long()
     plain = _plain_rows(spec)
     for layer, buf in enumerate(bufs):
+        where = loc64[layer] if loc64.dim() == 2 else loc64
         if plain:
-            torch.index_select(byte_rows(buf).view(spec.output_dtype), 0, loc64, out=out[layer])
+            torch.index_select(byte_rows(buf).view(spec.output_dtype), 0, where, out=out[layer])
         else:
-            out[layer].copy_(dequantize_torch(spec, buf, loc64, plan.page_size, fnuz=plan.fnuz))
+            out[layer].copy_(dequantize_torch(spec, buf, where, plan.page_size, fnuz=plan.fnuz))
     return out
+
+
+def check_layer_loc(
+    loc: object,
+    layers: int,
+    *,
+    capacity: int,
+    device: torch.device,
+    error: type[LayoutError] | type[WriteError],
+    unique: bool,
+) -> torch.Tensor:
+    """A multi-layer call's ``loc`` as int64, checked once for every layer.
+
+    1-D: the same locations on every layer (:func:`check_loc`). ``[layers, n]``: row ``l``
+    is layer ``l``'s locations (a sparse step's per-layer top-k); every row in range and,
+    with ``unique``, free of repeats within the row.
+
+    Example:
+        >>> import torch
+        >>> check_layer_loc(torch.tensor([[1, 2], [2, 1]]), 2, capacity=4,
+        ...                 device=torch.device("cpu"), error=LayoutError, unique=True).shape
+        torch.Size([2, 2])
+    """
+    if not isinstance(loc, torch.Tensor) or loc.dim() != 2:
+        return check_loc(loc, capacity=capacity, device=device, error=error, unique=unique)
+    if loc.shape[0] != layers:
+        msg = (
+            f"loc must be 1-D (every layer) or [{layers}, n] (one row per layer); received "
+            f"shape {list(loc.shape)}. Hint: stack one row of locations per planned layer."
+        )
+        raise error(msg)
+    flat = check_loc(loc.reshape(-1), capacity=capacity, device=device, error=error, unique=False)
+    rows = flat.view(layers, -1)
+    if unique and rows.shape[1] > 1:
+        ordered = rows.sort(dim=1).values
+        same = ordered[:, 1:] == ordered[:, :-1]
+        if bool(same.any()):
+            layer = int(same.any(dim=1).nonzero()[0, 0])
+            msg = (
+                f"loc repeats a location within row {layer} (layer {layer} of the call): "
+                f"{sorted(set(ordered[layer, 1:][same[layer]].tolist()))[:8]}. A write must name "
+                "each slot of a layer at most once. Hint: deduplicate each row."
+            )
+            raise error(msg)
+    return rows
 
 
 def _check_out_shape(
@@ -833,12 +881,11 @@ def write_layer_parts(
                 source = rows[layer]
                 if source.dtype != target.dtype:
                     source = spec.codec.encode(spec, source, fnuz=False)[0].view(target.dtype)
-                stores.append((target, where, source))
+                stores.append((target, where[layer] if where.dim() == 2 else where, source))
             continue
         for layer, buf in enumerate(plan.bufs):
-            stores.extend(
-                encode_part(spec, rows[layer], buf, where, plan.page_size, fnuz=plan.fnuz)
-            )
+            at = where[layer] if where.dim() == 2 else where
+            stores.extend(encode_part(spec, rows[layer], buf, at, plan.page_size, fnuz=plan.fnuz))
     commit(stores)
 
 
@@ -865,14 +912,16 @@ def _check_layer_part(
         )
         raise WriteError(msg)
     if not validate:
-        n = int(loc.shape[0])
+        n = int(loc.shape[-1])
         rows = values.reshape(layers, n, spec.dim)
         return plan, (rows.detach() if rows.requires_grad else rows), loc
     loc64 = checked.get(plan.capacity)
     if loc64 is None or loc64.device != device:
-        loc64 = check_loc(loc, capacity=plan.capacity, device=device, error=WriteError, unique=True)
+        loc64 = check_layer_loc(
+            loc, layers, capacity=plan.capacity, device=device, error=WriteError, unique=True
+        )
         checked[plan.capacity] = loc64
-    n = int(loc64.shape[0])
+    n = int(loc64.shape[-1])
     if values.dim() < 2 or values.shape[0] != layers or values.shape[1] != n:
         msg = (
             f"the {role}s must hold one block per layer: shape [{layers}, {n}, {spec.dim}] "

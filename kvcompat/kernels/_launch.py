@@ -251,6 +251,7 @@ def _read(
     grid = (-(-n // settings.block_tokens), layers)
     table = loc if bases is None else bases  # not read unless LAYERED
     layered = bases is not None
+    per_layer = {"LOC_LAYERS": loc.dim() == 2}
     if plan.family == "read_fp4":
         _check_aligned("out", out, 4)
     with _on_device(buf):
@@ -260,17 +261,17 @@ def _read(
             )
             jit._copy_rows_kernel[grid](
                 _raw(buf), _raw(out), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"],
-                geo["DATA_STRIDE"], **_kwargs(plan, settings, word), LAYERED=layered,
+                geo["DATA_STRIDE"], **_kwargs(plan, settings, word), LAYERED=layered, **per_layer,
             )  # fmt: skip
         elif plan.family == "read_fp4":
             jit._read_fp4_kernel[grid](
                 out, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings),
-                LAYERED=layered,
+                LAYERED=layered, **per_layer,
             )  # fmt: skip
         else:
             jit._read_fp8_kernel[grid](
                 out, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings),
-                LAYERED=layered,
+                LAYERED=layered, **per_layer,
             )  # fmt: skip
 
 
@@ -330,7 +331,7 @@ def _write(
     settings = launch_settings(family, None if INTERPRETED else n * layers, plan.launch)
     grid = (-(-n // settings.block_tokens), layers)
     table = loc if bases is None else bases
-    extra = {"LAYERED": bases is not None}
+    extra = {"LAYERED": bases is not None, "LOC_LAYERS": loc.dim() == 2}
     with _on_device(buf):
         if plan.family == "scatter_rows":
             word = word_bytes(
@@ -390,6 +391,19 @@ def layer_bases(spec: LayoutSpec, bufs: Sequence[torch.Tensor], page_size: int) 
     return torch.tensor(offsets, dtype=torch.int64).to(first.device)
 
 
+def _check_layer_loc(
+    loc: object, layers: int, device: torch.device, error: type[ValueError]
+) -> torch.Tensor:
+    """A layered launch's ``loc``: 1-D (every layer) or ``[layers, n]`` (one row a layer)."""
+    if isinstance(loc, torch.Tensor) and loc.dim() == 2:
+        if loc.shape[0] != layers:
+            msg = f"loc must be 1-D or [{layers}, n]; received shape {list(loc.shape)}."
+            raise error(msg)
+        rows = _check_loc(loc.reshape(-1), device, error)
+        return rows.view(layers, -1)
+    return _check_loc(loc, device, error)
+
+
 def gather_dequantize_layers(
     spec: LayoutSpec,
     bufs: Sequence[torch.Tensor],
@@ -407,8 +421,8 @@ def gather_dequantize_layers(
     """
     plan = _plan(read_plan(spec, fnuz=fnuz))
     geo = _check_buf(spec, bufs[0], page_size)
-    loc = _check_loc(loc, bufs[0].device, LayoutError)
-    n = loc.shape[0]
+    loc = _check_layer_loc(loc, len(bufs), bufs[0].device, LayoutError)
+    n = loc.shape[-1]
     _check_dense_out(spec, out, (len(bufs), n, spec.dim), bufs[0].device)
     _read(plan, geo, bufs[0], loc, out, n, bases, len(bufs))
     return out
@@ -431,8 +445,8 @@ def quantize_scatter_layers(
     """
     plan = _plan(write_plan(spec, _values_dtype(values), fnuz=fnuz))
     geo = _check_buf(spec, bufs[0], page_size)
-    loc = _check_loc(loc, bufs[0].device, WriteError)
-    n = loc.shape[0]
+    loc = _check_layer_loc(loc, len(bufs), bufs[0].device, WriteError)
+    n = loc.shape[-1]
     _check_values(values, len(bufs) * n * spec.dim, [len(bufs), n, spec.dim], bufs[0].device)
     _write(plan, geo, values, bufs[0], loc, n, bases, len(bufs))
 

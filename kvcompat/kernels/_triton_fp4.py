@@ -49,6 +49,7 @@ def _read_fp4_kernel(
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Dequantize ``NT`` tiles of ``2 * TB`` e2m1 values (one scale byte each) to bf16.
 
@@ -69,6 +70,7 @@ def _read_fp4_kernel(
         SCALE_STRIDE,
         BLOCK_T,
         LAYERED,
+        LOC_LAYERS,
     )
     tile = tl.arange(0, NT)
     mask3 = live[:, None, None]
@@ -157,6 +159,7 @@ def _write_fp4_kernel(
     SOFT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Quantize ``[n, 512]`` rows to e2m1 codes with one e4m3 scale per 16 values.
 
@@ -175,6 +178,7 @@ def _write_fp4_kernel(
         SCALE_STRIDE,
         BLOCK_T,
         LAYERED,
+        LOC_LAYERS,
     )
     tile, mask3, within = _fp4_block(live)
     lo, hi = _load_pairs(words_ptr, tok[:, None, None] * 256 + within, mask3, IN_KIND, EVICT)
@@ -295,6 +299,7 @@ def _write_fp4_pairs_kernel(
     SOFT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """V41_FP4 quantize-scatter of bf16 (``IN_KIND`` 0) or fp16 (1) values, GPU only.
 
@@ -319,6 +324,7 @@ def _write_fp4_pairs_kernel(
         SCALE_STRIDE,
         BLOCK_T,
         LAYERED,
+        LOC_LAYERS,
     )
     tile, mask3, within = _fp4_block(live)
     w = tl.load(
@@ -431,6 +437,7 @@ def _write_fp4_ue8m0_kernel(
     SOFT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Quantize ``[n, 2 * NT * TB]`` rows to e2m1 with one power-of-two scale per tile.
 
@@ -454,6 +461,7 @@ def _write_fp4_ue8m0_kernel(
         SCALE_STRIDE,
         BLOCK_T,
         LAYERED,
+        LOC_LAYERS,
     )
     tile = tl.arange(0, NT)
     mask3 = live[:, None, None]

@@ -54,6 +54,7 @@ def _read_fp8_kernel(
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Dequantize ``NQ`` e4m3 values in ``NT`` tiles of ``TILE`` (+ a bf16 rope) to bf16.
 
@@ -79,6 +80,7 @@ def _read_fp8_kernel(
         SCALE_STRIDE,
         BLOCK_T,
         LAYERED,
+        LOC_LAYERS,
     )
     tile = tl.arange(0, NT_P2)
     col = tl.arange(0, TILE)
@@ -278,6 +280,7 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Quantize ``[n, IN_DIM]`` rows per ``TILE``-value tile to e4m3 and scatter them.
 
@@ -303,6 +306,7 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
         SCALE_STRIDE,
         BLOCK_T,
         LAYERED,
+        LOC_LAYERS,
     )
     if SPAN > 0 and not SOFT:
         _prefetch_edges(buf_u8, data_off, live, SPAN)

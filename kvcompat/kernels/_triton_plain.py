@@ -42,6 +42,7 @@ def _copy_rows_kernel(
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Copy ``ROW_WORDS`` words per token: pool row -> dense row (GATHER) or back.
 
@@ -51,7 +52,7 @@ def _copy_rows_kernel(
     src_ptr = _word_ptr(src_ptr, WORD)
     dst_ptr = _word_ptr(dst_ptr, WORD)
     tok, live, data_off, _ = _token_block(
-        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS
     )
     pool_row = data_off // WORD
     dense_row = tok * ROW_WORDS
@@ -98,6 +99,7 @@ def _write_plain_kernel(
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Cast ``[n, DIM]`` values to the stored dtype and scatter the rows.
 
@@ -106,7 +108,7 @@ def _write_plain_kernel(
     """
     dst_ptr = _word_ptr(buf_ptr, ESIZE)
     tok, live, data_off, _ = _token_block(
-        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS
     )
     pool_row = data_off // ESIZE
     for c0 in tl.static_range(0, DIM, BLOCK_C):

@@ -326,6 +326,18 @@ def layered_matches_per_layer(
     for i in range(layers):
         diff = as_bytes(mine[i]) != as_bytes(theirs[i])
         assert not bool(diff.any()), f"{spec.name} layer {i}: {int(diff.sum())} bytes differ"
+    # Each layer its own locations (a sparse step's per-layer top-k): loc is [layers, n].
+    rows = torch.stack([loc.roll(i) for i in range(layers)])
+    plan = _ops.plan_layers(spec, mine, page_size)
+    ours = _ops.read_layers(plan, rows, impl="triton")
+    for i, buf in enumerate(mine):
+        twin = dequantize(spec, buf, rows[i], page_size, impl="torch")
+        assert torch.equal(as_bytes(ours[i]), as_bytes(twin)), (spec.name, "per-layer loc", i)
+    for i, buf in enumerate(theirs):
+        quantize(spec, values[i], buf, rows[i], page_size, impl="torch", check_finite=not saturates)
+    _ops.write_layers(plan, rows, values, impl="triton", check_finite=not saturates)
+    for i in range(layers):
+        assert torch.equal(as_bytes(mine[i]), as_bytes(theirs[i])), (spec.name, "per-layer", i)
 
 
 def layered_rows_match(device: str) -> None:

@@ -270,3 +270,43 @@ def test_multi_layer_round_trip_touches_only_the_written_tokens(kind: str, data:
     assert torch.equal(_bytes(pool.read_layers(layers, rest)), _bytes(kept))
     for layer, old in before.items():
         assert torch.equal(_bytes(pool.read_layers([layer], torch.arange(pool.size))), _bytes(old))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_layer_may_take_its_own_locations(kind: str, device: str) -> None:
+    ours, theirs = kvcompat.adapt(_native(kind, device)), kvcompat.adapt(_native(kind, device))
+    _fill(ours, 21)
+    _fill(theirs, 21)
+    layers = tuple(reversed(ours.layer_ids))
+    loc = torch.stack([_shuffled_loc(ours, 6, 30 + i) for i in range(len(layers))])
+    got = ours.read_layers(layers, loc)
+    for i, layer in enumerate(layers):
+        assert torch.equal(_bytes(got[i]), _bytes(ours.read(layer, loc[i])))
+    keys = _values(ours, layers, 6, 40)
+    values = _values(ours, layers, 6, 41, role="value")
+    ours.write_layers(layers, loc, keys, values)
+    for i, layer in enumerate(layers):
+        theirs.write(layer, loc[i], keys[i], None if values is None else values[i])
+    for a, b in zip(_snapshot(ours), _snapshot(theirs), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_per_layer_locations_are_checked_row_by_row() -> None:
+    pool = kvcompat.adapt(_native("v4"))
+    layers = pool.layer_ids
+    before = _snapshot(pool)
+    keys = _values(pool, layers, 3, 1)
+    across = torch.tensor([[1, 2, 3]] * len(layers))  # the same slots on every layer: fine
+    pool.write_layers(layers, across, keys)
+    before = _snapshot(pool)
+    repeated = across.clone()
+    repeated[1, 2] = 1  # layer 1 names slot 1 twice
+    with pytest.raises(WriteError, match="within row 1"):
+        pool.write_layers(layers, repeated, keys)
+    with pytest.raises(WriteError, match=r"one row per layer"):
+        pool.write_layers(layers, across[:2], keys)
+    with pytest.raises(LayoutError, match="outside"):
+        pool.read_layers(layers, across + 10**6)
+    for a, b in zip(_snapshot(pool), before, strict=True):
+        assert torch.equal(a, b)
