@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from kvcompat.transfer._engine import Operation, PreparedTransfer
 from kvcompat.transfer._errors import TransferError, TransferPlanError
+from kvcompat.transfer._layout import PackBatch, PackLayout, StagingSpec
 from kvcompat.transfer._mooncake import MooncakeEngine, import_mooncake
 from kvcompat.transfer._nixl import NixlEngine, import_nixl
 from kvcompat.transfer._plan import (
@@ -49,10 +50,13 @@ __all__ = [
     "MooncakeEngine",
     "NixlEngine",
     "Operation",
+    "PackBatch",
+    "PackLayout",
     "PoolSpec",
     "PreparedTransfer",
     "Request",
     "Run",
+    "StagingSpec",
     "TransferError",
     "TransferPlan",
     "TransferPlanError",
