@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from kvcompat.transfer._spec import BufferSpec
 
 __all__ = [
+    "COSTS",
     "DEFAULT_CHUNK_BYTES",
-    "PACK_MAX_DESCRIPTOR_BYTES",
     "PACK_MIN_DESCRIPTORS",
+    "Costs",
     "Method",
     "PackBatch",
     "PackLayout",
@@ -51,34 +52,68 @@ Method = Literal["auto", "pages", "packed", "direct"]
 
 METHODS = ("auto", "pages", "packed", "direct")
 
-PACK_MIN_DESCRIPTORS = 32
-"""``method="auto"`` packs a plan of at least this many (coalesced) descriptors..."""
 
-PACK_MAX_DESCRIPTOR_BYTES = 1 << 20
-"""...whose descriptors average fewer bytes than this (1 MiB); otherwise it sends pages."""
+@dataclass(frozen=True)
+class Costs:
+    """What the rule of ``method="auto"`` assumes about one memory type (seconds, bytes/s).
+
+    Attributes:
+        per_descriptor: what the engine spends per descriptor beyond moving its bytes.
+        fixed: what a packed transfer adds once (the commit and acknowledgement round
+            trip, the gather and scatter launches).
+        copy_rate: bytes per second of one gather (or scatter) pass over the request.
+    """
+
+    per_descriptor: float
+    fixed: float
+    copy_rate: float
+
+
+COSTS = {
+    # UCX cuda_ipc: about 7.5 µs of CPU per descriptor whatever its size (H200, measured,
+    # docs/transfer.md); one contiguous 64 MiB device copy takes 45-50 µs (~1.4 TB/s).
+    "VRAM": Costs(per_descriptor=7.5e-6, fixed=100e-6, copy_rate=1.4e12),
+    # UCX cma on a 2-core host: ~15 µs per descriptor beyond the copy under load; gather
+    # and scatter passes at ~5 GB/s; a commit round trip of ~1 ms (measured here).
+    "DRAM": Costs(per_descriptor=15e-6, fixed=1e-3, copy_rate=5e9),
+}
+"""The rule's cost model per memory type (the side's memory; VRAM if either side is)."""
+
+PACK_MIN_DESCRIPTORS = 16
+"""``method="auto"`` never packs a plan of fewer descriptors (small requests go by page)."""
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 """Bytes per staging chunk (the unit one engine request moves while the next is packed)."""
 
 
-def choose_method(method: str, descriptors: int, nbytes: int) -> Literal["pages", "packed"]:
+def choose_method(
+    method: str, descriptors: int, nbytes: int, memory: str = "DRAM"
+) -> Literal["pages", "packed"]:
     """The method a plan of ``descriptors`` (coalesced) ranges and ``nbytes`` bytes uses.
 
     The rule (``method="auto"``): **packed** when the plan has at least
-    :data:`PACK_MIN_DESCRIPTORS` descriptors *and* they average fewer than
-    :data:`PACK_MAX_DESCRIPTOR_BYTES` bytes; **pages** otherwise. A few descriptors
-    cost an engine little and need no staging or commit round trip; large descriptors
-    already move at copy speed. ``"pages"`` and ``"packed"`` force one.
+    :data:`PACK_MIN_DESCRIPTORS` descriptors *and* what the engine would spend on them
+    exceeds what packing adds — ``descriptors x per_descriptor > fixed + 2 x nbytes /
+    copy_rate`` with the :data:`COSTS` of the memory type (a gather and a scatter pass
+    over the bytes, plus the commit round trip); **pages** otherwise. On a GPU a request
+    of tens of small descriptors already packs; on a CPU host, where the extra passes
+    cost as much as the transfer, only descriptors of a few KiB do. ``"pages"`` and
+    ``"packed"`` force one.
 
     Raises:
         TransferPlanError: an unknown method, or ``"direct"`` (not available yet).
 
     Example:
         >>> from kvcompat.transfer._layout import choose_method
-        >>> choose_method("auto", 61, 61 * 37440)  # 61 layers, one run of pages each
+        >>> page = 37440  # a DeepSeek-V4 page
+        >>> choose_method("auto", 61 * 16, 61 * 16 * page, "VRAM")  # 1k tokens, 61 layers
         'packed'
-        >>> choose_method("auto", 4, 4 * 37440), choose_method("auto", 64, 64 << 21)
-        ('pages', 'pages')
+        >>> choose_method("auto", 8, 8 * page, "VRAM")  # too few descriptors
+        'pages'
+        >>> choose_method("auto", 61 * 16, 61 * 16 * page, "DRAM")  # the passes cost more
+        'pages'
+        >>> choose_method("auto", 4096, 4096 * 2048, "DRAM")  # 2 KiB descriptors
+        'packed'
         >>> choose_method("packed", 1, 100)
         'packed'
     """
@@ -99,9 +134,10 @@ def choose_method(method: str, descriptors: int, nbytes: int) -> Literal["pages"
         return "pages"
     if method == "packed":
         return "packed"
-    if descriptors >= PACK_MIN_DESCRIPTORS and nbytes < descriptors * PACK_MAX_DESCRIPTOR_BYTES:
-        return "packed"
-    return "pages"
+    costs = COSTS.get(memory, COSTS["DRAM"])
+    engine = descriptors * costs.per_descriptor
+    packing = costs.fixed + 2 * nbytes / costs.copy_rate
+    return "packed" if descriptors >= PACK_MIN_DESCRIPTORS and engine > packing else "pages"
 
 
 # -- the layout of the packed stream -------------------------------------------------------

@@ -513,9 +513,11 @@ def plan_transfer(
         method: ``"auto"`` (the rule below), ``"pages"`` (the engine moves the
             descriptors) or ``"packed"`` (the sender gathers every page into one
             stream, the engine moves it, the receiver scatters it: see
-            ``engine.prepare(..., staging=...)`` and ``engine.receive``). The rule:
-            packed when the plan has at least 32 coalesced descriptors averaging
-            under 1 MiB, pages otherwise (``docs/transfer.md``, "Packed transfers").
+            ``engine.prepare(..., staging=...)`` and ``engine.receive``). The rule
+            packs when what the engine would spend per descriptor exceeds what a
+            gather and a scatter pass cost (``docs/transfer.md``, "Packed
+            transfers"): on a GPU a request of tens of small descriptors packs, on
+            a CPU host only descriptors of a few KiB do.
 
     Returns:
         The :class:`TransferPlan`.
@@ -576,7 +578,8 @@ def plan_transfer(
     else:
         descriptors = [Descriptor(s, d, n, (run,)) for s, d, n, run in segments]
     merged = descriptors if coalesce else _coalesce(segments)
-    chosen_method = choose_method(method, len(merged), sum(d.length for d in merged))
+    memory = "VRAM" if "VRAM" in {b.memory[0] for pair in pairs for b in pair} else "DRAM"
+    chosen_method = choose_method(method, len(merged), sum(d.length for d in merged), memory)
     packing = pack_layout(pairs, ids) if chosen_method == "packed" else None
     return TransferPlan(
         mine, theirs, tuple(pairs), tuple(descriptors), coalesce, chosen_method, packing
