@@ -13,7 +13,7 @@ buffers is unchanged, and that ``read`` through kvcompat gives A's values.
 
 Pools (all from ``kvcompat.testing``, pure torch): an MHA pool of one-token pages
 (SGLang's default) whose requests sit at scattered slots, as its allocator leaves them —
-hundreds of 256-byte ranges, which the planner packs even on a CPU host — a DeepSeek-V4
+thousands of 256-byte ranges, which the planner packs even on a CPU host — a DeepSeek-V4
 packed single-KV pool (V4 layout, 37,440-byte pages), and a sliding-window
 composite whose full pages travel as ``kv`` and whose window pages travel as
 ``state``. ``tests/transfer`` runs the same two processes on SGLang's own
@@ -52,19 +52,19 @@ def reference_pools(role: str) -> dict[str, Any]:
 
     prefill = role == "prefill"
     scale = 1 if prefill else 2
-    mha = ReferenceMHATokenToKVPool(256 * scale, 1, layer_num=4, head_num=2, head_dim=64)
-    slots = random.Random(role).sample(range(1, 256 * scale), 60)  # one-token pages, scattered
+    mha = ReferenceMHATokenToKVPool(512 * scale, 1, layer_num=8, head_num=2, head_dim=64)
+    slots = random.Random(role).sample(range(1, 512 * scale), 256)  # one-token pages, scattered
     v4 = ReferenceDeepSeekV4SingleKVPool(512 * scale, 64, layer_num=2)
     swa = reference_swa_pool(size=64 * scale, size_swa=48)
     if prefill:  # request 1: 40 tokens, request 2: 20 tokens
-        mha_reqs = [Request(slots[:40]), Request(slots[40:])]
+        mha_reqs = [Request(slots[:160]), Request(slots[160:])]
         v4_reqs = [Request(range(64, 168)), Request(range(320, 340))]
         swa_reqs = [
             Request(range(32), swa_locs=range(16, 32)),
             Request(range(32, 48), swa_locs=range(16)),
         ]
     else:
-        mha_reqs = [Request(slots[:40]), Request(slots[40:])]
+        mha_reqs = [Request(slots[:160]), Request(slots[160:])]
         v4_reqs = [Request(range(640, 744)), Request(range(20))]
         swa_reqs = [
             Request(range(64, 96), swa_locs=range(32, 48)),
@@ -406,7 +406,7 @@ def main() -> int:
         good = facts["bytes_equal"] and facts["others_unchanged"] and facts["reads_equal"]
         ok &= good
         print(
-            f"  {name:12s} {summary['pages']:3d} pages in {summary['descriptors']:2d} descriptors "
+            f"  {name:12s} {summary['pages']:4d} pages in {summary['descriptors']:4d} descriptors "
             f"{summary['bytes']:>8d} B  {summary['method']:6s}  "
             f"bytes equal {facts['bytes_equal']}  "
             f"other bytes unchanged {facts['others_unchanged']}  "

@@ -1,4 +1,4 @@
-"""Packed transfers: a request's pages of every layer moved as one contiguous stream.
+"""Packed plans: where a request's pages of every layer sit in one contiguous stream.
 
 A per-page plan is thousands of small ranges (a DeepSeek-V4 page is 37,440 B, x61
 layers x components) and an engine pays for every one (UCX's ``cuda_ipc`` about 7.5 µs
@@ -73,9 +73,10 @@ COSTS = {
     # UCX cuda_ipc: about 7.5 µs of CPU per descriptor whatever its size (H200, measured,
     # docs/transfer.md); one contiguous 64 MiB device copy takes 45-50 µs (~1.4 TB/s).
     "VRAM": Costs(per_descriptor=7.5e-6, fixed=100e-6, copy_rate=1.4e12),
-    # UCX cma on a 2-core host: ~15 µs per descriptor beyond the copy under load; gather
-    # and scatter passes at ~5 GB/s; a commit round trip of ~1 ms (measured here).
-    "DRAM": Costs(per_descriptor=15e-6, fixed=1e-3, copy_rate=5e9),
+    # UCX cma on the 2-core CI host (benchmarks/bench_transfer_packed.py): ~9 µs per
+    # descriptor beyond the copy; the packed path's passes at ~0.25 GB/s (the torch gather
+    # and all-or-nothing scatter twins) and ~20 ms of commit round trip under load.
+    "DRAM": Costs(per_descriptor=9e-6, fixed=20e-3, copy_rate=0.25e9),
 }
 """The rule's cost model per memory type (the side's memory; VRAM if either side is)."""
 
@@ -97,7 +98,7 @@ def choose_method(
     copy_rate`` with the :data:`COSTS` of the memory type (a gather and a scatter pass
     over the bytes, plus the commit round trip); **pages** otherwise. On a GPU a request
     of tens of small descriptors already packs; on a CPU host, where the extra passes
-    cost as much as the transfer, only descriptors of a few KiB do. ``"pages"`` and
+    cost more than the transfer, only thousands of sub-KiB descriptors do. ``"pages"`` and
     ``"packed"`` force one.
 
     Raises:
@@ -112,7 +113,7 @@ def choose_method(
         'pages'
         >>> choose_method("auto", 61 * 16, 61 * 16 * page, "DRAM")  # the passes cost more
         'pages'
-        >>> choose_method("auto", 4096, 4096 * 2048, "DRAM")  # 2 KiB descriptors
+        >>> choose_method("auto", 4096, 4096 * 256, "DRAM")  # one-token MHA pages
         'packed'
         >>> choose_method("packed", 1, 100)
         'packed'
@@ -158,7 +159,7 @@ class PackBatch:
         offset: where the batch starts in the stream.
 
     Example:
-        >>> from kvcompat.transfer._layout import PackBatch
+        >>> from kvcompat.transfer import PackBatch
         >>> PackBatch((0, 1), (3, 4), (7, 8), 100, 0).nbytes
         400
     """

@@ -96,6 +96,7 @@ class MooncakeEngine(EngineBase):
         self._regions: list[tuple[int, int, int]] = []
         self._prepared: list[PreparedTransfer] = []
         self._staging = StagingAreas(self._register_area, self._deregister_area)
+        self._unpackers: dict[Any, Any] = {}  # receive(): views per layout, made once
         self._closed = False
 
     def register(self, pool: Any) -> list[tuple[int, int, int]]:
@@ -293,7 +294,9 @@ class MooncakeEngine(EngineBase):
         """
         self._check_open()
         staging = receive_area(plan, self._staging)
-        return receive_packed(plan, self._spans(), staging, commit, engine=self.engine)
+        return receive_packed(
+            plan, self._spans(), staging, commit, engine=self.engine, cache=self._unpackers
+        )
 
     def release(self, prepared: PreparedTransfer) -> None:
         """Forget a prepared transfer (idempotent)."""
@@ -310,6 +313,7 @@ class MooncakeEngine(EngineBase):
         for prepared in list(self._prepared):
             self.release(prepared)
         self._staging.close()
+        self._unpackers.clear()
         if self._regions:
             self._engine.batch_unregister_memory([r[0] for r in self._regions])
             self._regions.clear()

@@ -157,6 +157,7 @@ class NixlEngine(EngineBase):
         self._peers: list[str] = []
         self._prepared: list[PreparedTransfer] = []
         self._staging = StagingAreas(self._register_area, self._deregister_area)
+        self._unpackers: dict[Any, Any] = {}  # receive(): views per layout, made once
         self._backlog: dict[str, list[bytes]] = {}
         self._commits: list[tuple[str, bytes]] = []
         self._acks: set[str] = set()
@@ -451,7 +452,9 @@ class NixlEngine(EngineBase):
                 pause = min(1e-3, 2 * pause)
             sender, commit = self._commits.pop(0)
         try:
-            return receive_packed(plan, self._spans(), staging, commit, engine=self.engine)
+            return receive_packed(
+                plan, self._spans(), staging, commit, engine=self.engine, cache=self._unpackers
+            )
         finally:
             if sender:
                 with contextlib.suppress(Exception):  # the sender may have gone
@@ -565,6 +568,7 @@ class NixlEngine(EngineBase):
         for prepared in list(self._prepared):
             self.release(prepared)
         self._staging.close()
+        self._unpackers.clear()
         for peer in self._peers:
             with contextlib.suppress(Exception):  # the peer may have gone first
                 self._agent.remove_remote_agent(peer)

@@ -110,22 +110,28 @@ class Packer:
         if layout is None:
             msg = f"this plan moves {plan.method!r}, not 'packed'."
             raise TransferPlanError(msg)
-        spans = list(regions)
+        spans = sorted(set(regions))
         self.layout = layout
         self.views: dict[int, torch.Tensor] = {}
         self.device = "cpu"
+        bases: dict[tuple[int, int], torch.Tensor] = {}  # one tensor per registered region
         for batch in layout.batches:
             for index in batch.pairs:
                 buf = plan.pairs[index][side]
-                if not inside(buf.ptr, buf.items * buf.item_length, spans):
+                size = buf.items * buf.item_length
+                region = next((r for r in spans if inside(buf.ptr, size, [r])), None)
+                if region is None:
                     msg = (
                         f"{what}: {buf.component}/{buf.label} at {buf.ptr:#x} is not memory "
                         "this engine registered.\nHint: register(pool) the live pool of this "
                         "process on its side of the plan before preparing or receiving."
                     )
                     raise TransferError(msg)
-                view = device_bytes(buf.ptr, buf.items * buf.item_length, buf.device)
-                self.views[index] = view.view(buf.items, buf.item_length)
+                if region not in bases:
+                    bases[region] = device_bytes(region[0], region[1], buf.device)
+                start = buf.ptr - region[0]
+                flat = bases[region][start : start + size]
+                self.views[index] = flat.view(buf.items, buf.item_length)
                 self.device = buf.device
         pages = [b.src_pages if side == 0 else b.dst_pages for b in layout.batches]
         self.rows = [torch.tensor(p, dtype=torch.int64, device=self.device) for p in pages]
@@ -319,8 +325,13 @@ def receive_packed(
     commit: bytes,
     *,
     engine: str,
+    cache: dict[tuple[str, tuple[int, ...]], Packer] | None = None,
 ) -> str:
-    """Check ``commit`` against ``plan``, then scatter the staging area into the pool."""
+    """Check ``commit`` against ``plan``, then scatter the staging area into the pool.
+
+    ``cache`` keeps the receiving side's views per layout and destination buffers, so a
+    plan received again does not rebuild them.
+    """
     layout = plan.packing
     if layout is None:
         msg = (
@@ -331,7 +342,14 @@ def receive_packed(
     if staging.numel() < layout.nbytes:
         msg = f"the staging area holds {staging.numel()} B, the plan moves {layout.nbytes} B."
         raise TransferPlanError(msg)
-    unpacker = Packer(plan, 1, regions, f"{engine} receive")
+    key = (layout.digest, tuple(pair[1].ptr for pair in plan.pairs))
+    unpacker = None if cache is None else cache.get(key)
+    if unpacker is None:
+        unpacker = Packer(plan, 1, regions, f"{engine} receive")
+        if cache is not None:
+            if len(cache) >= 64:  # bounded: forget the oldest layout
+                del cache[next(iter(cache))]
+            cache[key] = unpacker
     run = check_commit(commit, layout)
     unpacker.scatter_all(staging[: layout.nbytes])
     if unpacker.device.startswith("cuda"):  # the staging area may be written again after this

@@ -517,7 +517,7 @@ def plan_transfer(
             packs when what the engine would spend per descriptor exceeds what a
             gather and a scatter pass cost (``docs/transfer.md``, "Packed
             transfers"): on a GPU a request of tens of small descriptors packs, on
-            a CPU host only descriptors of a few KiB do.
+            a CPU host only thousands of sub-KiB descriptors do.
 
     Returns:
         The :class:`TransferPlan`.

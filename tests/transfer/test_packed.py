@@ -189,12 +189,12 @@ def test_small_requests_take_the_per_page_path_by_the_rule() -> None:
     assert small.method == "pages"
     assert small.packing is None
     # many tiny descriptors (one-token MHA pages, scattered) pack even on a CPU host
-    c = ReferenceMHATokenToKVPool(512, 1, layer_num=4, head_num=2, head_dim=32)
-    d = ReferenceMHATokenToKVPool(512, 1, layer_num=4, head_num=2, head_dim=32)
-    scattered = list(range(1, 400, 3))
+    c = ReferenceMHATokenToKVPool(1024, 1, layer_num=8, head_num=2, head_dim=32)
+    d = ReferenceMHATokenToKVPool(1024, 1, layer_num=8, head_num=2, head_dim=32)
+    scattered = list(range(1, 1000, 3))
     tiny = plan_transfer(c, d, pages={"kv": scattered}, dst_pages={"kv": scattered[::-1]})
     assert tiny.method == "packed"
-    assert len(tiny.descriptors) > 1000
+    assert len(tiny.descriptors) > 5000
     # the override wins both ways
     assert plan_transfer(a, b, pages={"kv": [0]}, method="packed").method == "packed"
     forced = plan_transfer(c, d, pages={"kv": scattered}, method="pages")
