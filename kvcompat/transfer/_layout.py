@@ -73,10 +73,11 @@ COSTS = {
     # UCX cuda_ipc: about 7.5 µs of CPU per descriptor whatever its size (H200, measured,
     # docs/transfer.md); one contiguous 64 MiB device copy takes 45-50 µs (~1.4 TB/s).
     "VRAM": Costs(per_descriptor=7.5e-6, fixed=100e-6, copy_rate=1.4e12),
-    # UCX cma on the 2-core CI host (benchmarks/bench_transfer_packed.py): ~9 µs per
-    # descriptor beyond the copy; the packed path's passes at ~0.25 GB/s (the torch gather
-    # and all-or-nothing scatter twins) and ~20 ms of commit round trip under load.
-    "DRAM": Costs(per_descriptor=9e-6, fixed=20e-3, copy_rate=0.25e9),
+    # UCX cma on the 2-core CI host (benchmarks/bench_transfer_packed.py, the JSON in
+    # docs/_data): ~9 µs per descriptor beyond the copy; a gather pass at ~3 GB/s and the
+    # all-or-nothing torch scatter at ~0.25 GB/s (0.45 GB/s per pass on average); ~10 ms
+    # of commit round trip under load. Revisit when the CPU scatter is faster.
+    "DRAM": Costs(per_descriptor=9e-6, fixed=10e-3, copy_rate=0.45e9),
 }
 """The rule's cost model per memory type (the side's memory; VRAM if either side is)."""
 
@@ -99,7 +100,7 @@ def choose_method(
     over the bytes, plus the commit round trip); **pages** otherwise. On a GPU a request
     of tens of small descriptors already packs; on a CPU host, where the extra passes
     cost more than the transfer, only thousands of sub-KiB descriptors do. ``"pages"`` and
-    ``"packed"`` force one.
+    ``"packed"`` force one, except that a plan moving nothing is never packed.
 
     Raises:
         TransferPlanError: an unknown method, or ``"direct"`` (not available yet).
@@ -131,7 +132,7 @@ def choose_method(
             "method='auto'."
         )
         raise TransferPlanError(msg)
-    if method == "pages":
+    if method == "pages" or nbytes == 0:
         return "pages"
     if method == "packed":
         return "packed"

@@ -106,10 +106,7 @@ class Packer:
     def __init__(
         self, plan: TransferPlan, side: int, regions: Iterable[tuple[int, int]], what: str
     ) -> None:
-        layout = plan.packing
-        if layout is None:
-            msg = f"this plan moves {plan.method!r}, not 'packed'."
-            raise TransferPlanError(msg)
+        layout = layout_of(plan)
         spans = sorted(set(regions))
         self.layout = layout
         self.views: dict[int, torch.Tensor] = {}
@@ -179,6 +176,17 @@ def check_commit(message: bytes, layout: PackLayout) -> str:
     return run
 
 
+def layout_of(plan: TransferPlan) -> PackLayout:
+    """The packed layout of ``plan``; raise if it is not a packed plan."""
+    if plan.packing is None:
+        msg = (
+            f"this plan moves {plan.method!r}, not 'packed'.\nHint: plan with "
+            "method='packed' (or 'auto') on both sides."
+        )
+        raise TransferPlanError(msg)
+    return plan.packing
+
+
 def packed_error(plan: TransferPlan, reason: str, *, engine: str, peer: str) -> TransferError:
     """A packed transfer failed: nothing reached the destination pool."""
     lost = plan.dst_pages()
@@ -239,8 +247,7 @@ def packed_run(
         )
         raise TransferPlanError(msg)
     remote = staging_of(staging)
-    layout = plan.packing
-    assert layout is not None  # the caller checked plan.method
+    layout = layout_of(plan)
     if remote.length < layout.nbytes:
         msg = (
             f"the receiver's staging area holds {remote.length} B but this packed plan moves "
@@ -312,8 +319,7 @@ def send_packed(
             busy[slot] = chunk
     for chunk in sorted(busy.values()):
         settle(chunk)
-    assert plan.packing is not None
-    message, _run = commit_message(plan.packing, len(run.pieces))
+    message, _run = commit_message(layout_of(plan), len(run.pieces))
     run.commit = message
     return message
 
@@ -332,15 +338,13 @@ def receive_packed(
     ``cache`` keeps the receiving side's views per layout and destination buffers, so a
     plan received again does not rebuild them.
     """
-    layout = plan.packing
-    if layout is None:
-        msg = (
-            f"receive() takes a packed plan; this one moves {plan.method!r} (its pages land "
-            "without the receiver's help).\nHint: plan with the sender's method."
-        )
-        raise TransferPlanError(msg)
+    layout = layout_of(plan)
     if staging.numel() < layout.nbytes:
-        msg = f"the staging area holds {staging.numel()} B, the plan moves {layout.nbytes} B."
+        msg = (
+            f"this engine's staging area holds {staging.numel()} B, the plan moves "
+            f"{layout.nbytes} B.\nHint: engine.staging({layout.nbytes}) before the sender "
+            "prepares (and send the sender the new spec)."
+        )
         raise TransferPlanError(msg)
     key = (layout.digest, tuple(pair[1].ptr for pair in plan.pairs))
     unpacker = None if cache is None else cache.get(key)
