@@ -13,7 +13,9 @@ side, alternating within each round so that load drifts hit every way alike:
 * ``one copy``: one ``copy_`` of the request's bytes, contiguous, in this process — the
   bar the issue sets (a transfer cannot beat moving the bytes once);
 * ``gather``: kvcompat's multi-layer gather of the request into a contiguous buffer, in
-  this process (what packing adds on the sender; the receiver's scatter is its mirror);
+  this process (what packing adds on the sender);
+* ``scatter``: kvcompat's all-or-nothing multi-layer scatter of that buffer back onto the
+  same pages, in this process (what packing adds on the receiver);
 * ``cma`` (CPU): the kernel's ``process_vm_writev`` of the packed bytes as one range into
   the decode process — the cross-process ceiling of a CPU machine (UCX's ``cma``
   transport pins and copies every 4 KiB page; nothing that crosses processes here can
@@ -298,7 +300,10 @@ def measure(
     nbytes = packed.nbytes
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     into = torch.empty_like(flat)
-    packer = Packer(packed, 0, [(p, n) for p, n, _ in packed.src_regions()], "bench")
+    regions = [(p, n) for p, n, _ in packed.src_regions()]
+    packer = Packer(packed, 0, regions, "bench")
+    onto_itself = plan_transfer(pool, pool, pages=pages, method="packed")  # same bytes back
+    unpacker = Packer(onto_itself, 1, regions, "bench")
     pieces = [p for c in chunk_pieces(packed.packing, max(nbytes, 1)) for p in c]
 
     def sync() -> None:
@@ -312,6 +317,10 @@ def measure(
     def gather() -> None:
         for piece in pieces:
             packer.gather(piece, flat[piece.offset : piece.offset + piece.nbytes])
+        sync()
+
+    def scatter() -> None:
+        unpacker.scatter_all(flat)
         sync()
 
     def pages_op() -> None:
@@ -329,6 +338,7 @@ def measure(
                 raise TimeoutError(msg)
 
     ops: dict[str, Callable[[], None]] = {"one_copy": one_copy, "gather": gather}
+    ops["scatter"] = scatter  # after gather in each round: it writes the gathered bytes back
     if device == "cpu":
         cma = cma_writer(int(hello["pid"]), flat, json.loads(hello["staging"])["ptr"])
         if cma is not None:
@@ -373,7 +383,7 @@ HEADER = (
     "{device}, two processes (NIXL), {layers} layers, request lengths / {scale}; GB/s of the "
     "request's bytes\n"
     f"{'pool':15s} {'tokens':>6s} {'MiB':>9s} {'descs':>7s} {'gat':>3s} | "
-    f"{'1 copy':>7s} {'gather':>7s} {'cma':>7s} {'pages':>7s} {'packed':>7s} | "
+    f"{'1 copy':>7s} {'gather':>7s} {'scatter':>7s} {'cma':>7s} {'pages':>7s} {'packed':>7s} | "
     f"{'pg/cp':>6s} {'pk/cp':>6s} {'pk/pg':>7s}  auto"
 )
 
@@ -387,7 +397,7 @@ def print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['pool']:15s} {row['tokens']:>6d} {row['bytes'] / 2**20:9.1f} "
         f"{row['descriptors']:>7d} {row['gathers']:>3d} | "
-        f"{gbps('one_copy')} {gbps('gather')} {gbps('cma')} "
+        f"{gbps('one_copy')} {gbps('gather')} {gbps('scatter')} {gbps('cma')} "
         f"{gbps('pages')} {gbps('packed')} | {copy / row['pages_s']:6.1%} "
         f"{copy / row['packed_s']:6.1%} {row['pages_s'] / row['packed_s']:6.2f}x  "
         f"{row['auto']}",

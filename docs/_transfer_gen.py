@@ -22,11 +22,11 @@ POOLS = {
 
 def _gbps(row: dict[str, Any], key: str) -> str:
     seconds = row.get(f"{key}_s")
-    return f"{row['bytes'] / seconds / 1e9:.2f}" if seconds else "–"
+    return f"{row['bytes'] / seconds / 1e9:.2f}" if seconds else "-"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.0%}" if a and b else "–"
+    return f"{a / b:.0%}" if a and b else "-"
 
 
 def table(data: dict[str, Any]) -> str:
@@ -40,16 +40,19 @@ def table(data: dict[str, Any]) -> str:
     )
     scale = int(data.get("scale", 1))
     scaled = f", request lengths divided by {scale}" if scale > 1 else ""
-    lines = [
+    caption = (
         f"Measured {machine['date']} on a {where}torch {machine['torch']}, NIXL "
         f"{machine.get('nixl')}, two processes{scaled}; `{data['command']}`. GB/s of the "
-        "request's bytes, median of the timed rounds.",
+        "request's bytes, median of the timed rounds."
+    )
+    lines = [
+        caption,
         "",
-        "| pool | tokens | MiB | descriptors (per page) | gathers | one copy | gather "
+        "| pool | tokens | MiB | descriptors (per page) | gathers | one copy | gather | scatter "
         + ("| cma, one range " if cpu else "")
         + "| per-page | packed | per-page / one copy | packed / one copy | packed vs per-page "
         "| `auto` picks |",
-        "|---|---|---|---|---|---|---" + ("|---" if cpu else "") + "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---" + ("|---" if cpu else "") + "|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         copy = row.get("one_copy_s")
@@ -61,12 +64,13 @@ def table(data: dict[str, Any]) -> str:
             str(row["gathers"]),
             _gbps(row, "one_copy"),
             _gbps(row, "gather"),
+            _gbps(row, "scatter"),
             *([_gbps(row, "cma")] if cpu else []),
             _gbps(row, "pages"),
             _gbps(row, "packed"),
             _ratio(copy, row.get("pages_s")),
             _ratio(copy, row.get("packed_s")),
-            f"×{row['pages_s'] / row['packed_s']:.2f}",
+            f"x{row['pages_s'] / row['packed_s']:.2f}",
             row["auto"],
         ]
         lines.append("| " + " | ".join(cells) + " |")
