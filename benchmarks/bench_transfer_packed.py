@@ -23,6 +23,8 @@ side, alternating within each round so that load drifts hit every way alike:
 * ``pages``: ``engine.transfer`` of the per-page plan (a NIXL descriptor per run of pages);
 * ``packed``: ``engine.transfer`` of the packed plan until the decode side acknowledged
   its ``receive``: gather, chunked moves, commit, check, scatter — end to end;
+* ``direct`` (GPU): ``CudaIpcPeer.pull`` in the decode process through this process's
+  ``export_cuda_ipc`` (timed there, after the other ways' rounds);
 * ``auto``: which of the two ``plan_transfer(method="auto")`` picks for the request.
 
 Pools: DeepSeek-V4 single (``ReferenceDeepSeekV4SingleKVPool``, V4 layout, 64-token pages
@@ -30,7 +32,7 @@ of 37,440 B), the DeepSeek-V4 composite (SGLang's own ``DeepSeekV4TokenToKVPool`
 c4 indexer, c128, their compress states; ratios ``[0, 0, 4, 128, ...]``, 256-token pages;
 needs SGLang) and MHA (``ReferenceMHATokenToKVPool``, 4 KV heads x 128 bf16, 16-token
 pages). Requests of 1k, 8k and 64k tokens; ``--scale N`` divides them by N (a CPU run:
-the table says so). ``direct`` (one kernel through CUDA IPC) is not implemented yet.
+the table says so).
 """
 
 from __future__ import annotations
@@ -172,6 +174,9 @@ def decode(conn: Any, cases: list[tuple[str, int]], layers: int, device: str) ->
             message = conn.recv()
             if message == "done":
                 break
+            if message[0] == "direct":  # CUDA: pull through the prefill's IPC export, timed
+                conn.send(pull_direct(message, pools, pages))
+                continue
             _, index, spec, src_pages, runs = message
             plan = plan_transfer(
                 spec, pools[index][0], pages=src_pages, dst_pages=pages[index], method="packed"
@@ -181,6 +186,25 @@ def decode(conn: Any, cases: list[tuple[str, int]], layers: int, device: str) ->
             conn.send("received")
     finally:
         engine.close()
+
+
+def pull_direct(message: Any, pools: list[Any], pages: list[Any]) -> list[float]:
+    """Seconds of each ``CudaIpcPeer.pull`` of one request (after 2 warm-ups)."""
+    from kvcompat.transfer import CudaIpcPeer, plan_transfer
+
+    _, index, spec, src_pages, exported, runs = message
+    pool = pools[index][0]
+    plan = plan_transfer(spec, pool, pages=src_pages, dst_pages=pages[index], method="direct")
+    peer = CudaIpcPeer(exported)
+    times = []
+    for run in range(2 + runs):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        peer.pull(plan, pool)  # returns with the pages in place (it synchronizes)
+        if run >= 2:
+            times.append(time.perf_counter() - start)
+    peer.close()
+    return times
 
 
 # -- this process ---------------------------------------------------------------------------
@@ -358,6 +382,15 @@ def measure(
     if not conn.poll(300) or conn.recv() != "received":
         msg = "the decode side did not finish receiving"
         raise TimeoutError(msg)
+    if device != "cpu":  # the decode process pulls through our CUDA IPC export
+        from kvcompat.transfer import export_cuda_ipc
+
+        exported = export_cuda_ipc(pool)
+        conn.send(("direct", index, pool_spec(pool).to_json(), pages, exported, args.iters))
+        if not conn.poll(600):
+            msg = "the decode side did not finish pulling"
+            raise TimeoutError(msg)
+        times["direct"] = conn.recv()
     engine.release(prepared_pages)
     engine.release(prepared_packed)
     row: dict[str, Any] = {
@@ -383,7 +416,8 @@ HEADER = (
     "{device}, two processes (NIXL), {layers} layers, request lengths / {scale}; GB/s of the "
     "request's bytes\n"
     f"{'pool':15s} {'tokens':>6s} {'MiB':>9s} {'descs':>7s} {'gat':>3s} | "
-    f"{'1 copy':>7s} {'gather':>7s} {'scatter':>7s} {'cma':>7s} {'pages':>7s} {'packed':>7s} | "
+    f"{'1 copy':>7s} {'gather':>7s} {'scatter':>7s} {'cma':>7s} {'pages':>7s} {'packed':>7s} "
+    f"{'direct':>7s} | "
     f"{'pg/cp':>6s} {'pk/cp':>6s} {'pk/pg':>7s}  auto"
 )
 
@@ -398,7 +432,7 @@ def print_row(row: dict[str, Any]) -> None:
         f"{row['pool']:15s} {row['tokens']:>6d} {row['bytes'] / 2**20:9.1f} "
         f"{row['descriptors']:>7d} {row['gathers']:>3d} | "
         f"{gbps('one_copy')} {gbps('gather')} {gbps('scatter')} {gbps('cma')} "
-        f"{gbps('pages')} {gbps('packed')} | {copy / row['pages_s']:6.1%} "
+        f"{gbps('pages')} {gbps('packed')} {gbps('direct')} | {copy / row['pages_s']:6.1%} "
         f"{copy / row['packed_s']:6.1%} {row['pages_s'] / row['packed_s']:6.2f}x  "
         f"{row['auto']}",
         flush=True,

@@ -50,9 +50,13 @@ def table(data: dict[str, Any]) -> str:
         "",
         "| pool | tokens | MiB | descriptors (per page) | gathers | one copy | gather | scatter "
         + ("| cma, one range " if cpu else "")
-        + "| per-page | packed | per-page / one copy | packed / one copy | packed vs per-page "
+        + "| per-page | packed "
+        + ("" if cpu else "| direct | direct / one copy ")
+        + "| per-page / one copy | packed / one copy | packed vs per-page "
         "| `auto` picks |",
-        "|---|---|---|---|---|---|---|---" + ("|---" if cpu else "") + "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---"
+        + ("|---" if cpu else "|---|---")
+        + "|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         copy = row.get("one_copy_s")
@@ -68,6 +72,7 @@ def table(data: dict[str, Any]) -> str:
             *([_gbps(row, "cma")] if cpu else []),
             _gbps(row, "pages"),
             _gbps(row, "packed"),
+            *([] if cpu else [_gbps(row, "direct"), _ratio(copy, row.get("direct_s"))]),
             _ratio(copy, row.get("pages_s")),
             _ratio(copy, row.get("packed_s")),
             f"x{row['pages_s'] / row['packed_s']:.2f}",

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from kvcompat.transfer._direct import CudaIpcPeer, export_cuda_ipc
 from kvcompat.transfer._engine import Operation, PreparedTransfer
 from kvcompat.transfer._errors import TransferError, TransferPlanError
 from kvcompat.transfer._layout import PackBatch, PackLayout, StagingSpec
@@ -46,6 +47,7 @@ from kvcompat.transfer._spec import BufferSpec, ComponentSpec, PoolSpec, pool_sp
 __all__ = [
     "BufferSpec",
     "ComponentSpec",
+    "CudaIpcPeer",
     "Descriptor",
     "MooncakeEngine",
     "NixlEngine",
@@ -60,6 +62,7 @@ __all__ = [
     "TransferError",
     "TransferPlan",
     "TransferPlanError",
+    "export_cuda_ipc",
     "import_mooncake",
     "import_nixl",
     "merge_pages",

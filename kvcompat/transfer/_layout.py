@@ -48,7 +48,8 @@ __all__ = [
 
 Method = Literal["auto", "pages", "packed", "direct"]
 """How a plan moves: ``"pages"`` (a descriptor per contiguous run of pages), ``"packed"``
-(gather, one stream, scatter), ``"direct"`` (not available yet), or ``"auto"`` (the rule)."""
+(gather, one stream, scatter), ``"direct"`` (the receiver gathers from the peer's CUDA
+buffers through CUDA IPC, one node), or ``"auto"`` (the rule: pages or packed)."""
 
 METHODS = ("auto", "pages", "packed", "direct")
 
@@ -90,8 +91,11 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 
 def choose_method(
     method: str, descriptors: int, nbytes: int, memory: str = "DRAM"
-) -> Literal["pages", "packed"]:
+) -> Literal["pages", "packed", "direct"]:
     """The method a plan of ``descriptors`` (coalesced) ranges and ``nbytes`` bytes uses.
+
+    ``memory`` is ``"DRAM"`` or ``"VRAM"`` when both sides are that, ``"MIXED"``
+    otherwise (costed as VRAM).
 
     The rule (``method="auto"``): **packed** when the plan has at least
     :data:`PACK_MIN_DESCRIPTORS` descriptors *and* what the engine would spend on them
@@ -99,11 +103,14 @@ def choose_method(
     copy_rate`` with the :data:`COSTS` of the memory type (a gather and a scatter pass
     over the bytes, plus the commit round trip); **pages** otherwise. On a GPU a request
     of tens of small descriptors already packs; on a CPU host, where the extra passes
-    cost more than the transfer, only thousands of sub-KiB descriptors do. ``"pages"`` and
-    ``"packed"`` force one, except that a plan moving nothing is never packed.
+    cost more than the transfer, only thousands of sub-KiB descriptors do. ``"auto"``
+    never picks ``"direct"`` (whether the peer shares this node is not in the specs, and
+    no measurement says yet when it beats packing). ``"pages"``, ``"packed"`` and
+    ``"direct"`` force one, except that a plan moving nothing is never packed.
 
     Raises:
-        TransferPlanError: an unknown method, or ``"direct"`` (not available yet).
+        TransferPlanError: an unknown method, or ``"direct"`` where a side is not CUDA
+            memory.
 
     Example:
         >>> from kvcompat.transfer._layout import choose_method
@@ -116,8 +123,8 @@ def choose_method(
         'pages'
         >>> choose_method("auto", 4096, 4096 * 256, "DRAM")  # one-token MHA pages
         'packed'
-        >>> choose_method("packed", 1, 100)
-        'packed'
+        >>> choose_method("packed", 1, 100), choose_method("direct", 1, 100, "VRAM")
+        ('packed', 'direct')
     """
     if method not in METHODS:
         msg = (
@@ -125,18 +132,17 @@ def choose_method(
             "Hint: pass method='auto' to let the planner choose by request shape."
         )
         raise TransferPlanError(msg)
-    if method == "direct":
+    if method == "direct" and memory != "VRAM":
         msg = (
-            "method='direct' (one kernel gathering the peer's pages through CUDA IPC) is not "
-            "available yet.\nHint: use method='packed' (gather, one transfer, scatter) or "
-            "method='auto'."
+            f"method='direct' maps the peer's CUDA buffers (CUDA IPC), but this plan moves "
+            f"{memory} memory.\nHint: use method='packed' or 'auto' with an engine."
         )
         raise TransferPlanError(msg)
     if method == "pages" or nbytes == 0:
         return "pages"
-    if method == "packed":
-        return "packed"
-    costs = COSTS.get(memory, COSTS["DRAM"])
+    if method in ("packed", "direct"):
+        return "packed" if method == "packed" else "direct"
+    costs = COSTS.get(memory, COSTS["VRAM"])
     engine = descriptors * costs.per_descriptor
     packing = costs.fixed + 2 * nbytes / costs.copy_rate
     return "packed" if descriptors >= PACK_MIN_DESCRIPTORS and engine > packing else "pages"

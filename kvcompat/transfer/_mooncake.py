@@ -28,6 +28,7 @@ from kvcompat.transfer._errors import TransferError, TransferPlanError
 from kvcompat.transfer._layout import StagingSpec
 from kvcompat.transfer._packed import (
     StagingAreas,
+    check_engine_plan,
     packed_run,
     receive_area,
     receive_packed,
@@ -181,6 +182,7 @@ class MooncakeEngine(EngineBase):
         """
         self._check_open()
         operation = check_op(op)
+        check_engine_plan(plan, self.engine)
         if "VRAM" in (plan.src_mem, plan.dst_mem):
             msg = (
                 "MooncakeEngine over the non-CUDA wheel moves host memory only; this plan "

@@ -31,6 +31,7 @@ from kvcompat.transfer._packed import (
     COMMIT_PREFIX,
     StagingAreas,
     ack_message,
+    check_engine_plan,
     packed_error,
     packed_run,
     receive_area,
@@ -282,6 +283,7 @@ class NixlEngine(EngineBase):
         """
         self._check_open()
         operation = check_op(op)
+        check_engine_plan(plan, self.engine)
         if plan.method == "packed":
             return self._prepare_packed(plan, peer, operation, staging, chunk_bytes)
         np = _np()

@@ -41,6 +41,7 @@ __all__ = [
     "Packer",
     "StagingAreas",
     "ack_message",
+    "check_engine_plan",
     "device_bytes",
     "packed_error",
     "packed_run",
@@ -226,6 +227,17 @@ class PackedRun:
     slots: tuple[torch.Tensor, ...]
     remote: StagingSpec
     commit: bytes = b""
+
+
+def check_engine_plan(plan: TransferPlan, engine: str) -> None:
+    """Refuse a direct plan at an engine: it moves through CUDA IPC, not the engine."""
+    if plan.method == "direct":
+        msg = (
+            f"a method='direct' plan moves without {engine}: the receiver pulls it with "
+            "CudaIpcPeer(export_cuda_ipc(pool) from the sender).pull(plan, pool).\nHint: "
+            "plan with method='packed' or 'auto' to move it through the engine."
+        )
+        raise TransferPlanError(msg)
 
 
 def packed_run(
@@ -425,7 +437,7 @@ class StagingAreas:
 
 def receive_area(plan: TransferPlan, areas: StagingAreas) -> torch.Tensor:
     """The receive area a packed ``plan``'s destination device uses; raise if none."""
-    if plan.packing is None or not plan.packing.batches:
+    if plan.method != "packed" or plan.packing is None or not plan.packing.batches:
         msg = (
             f"receive() takes a packed plan; this one moves {plan.method!r} (its pages land "
             "without the receiver's help).\nHint: build the receiving plan with the sender's "

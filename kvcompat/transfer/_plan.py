@@ -111,8 +111,9 @@ class TransferPlan:
         descriptors: the byte ranges to move, in order (a packed plan moves the same
             bytes, but as one stream).
         coalesced: whether contiguous runs were merged.
-        method: ``"pages"`` (the descriptors go to the engine) or ``"packed"`` (gathered
-            into one stream, moved, scattered; see ``packing``).
+        method: ``"pages"`` (the descriptors go to the engine), ``"packed"`` (gathered
+            into one stream, moved, scattered; see ``packing``) or ``"direct"`` (pulled
+            by the receiver through CUDA IPC, batch by batch of ``packing``).
         packing: where every page sits in the packed stream (None for ``"pages"``).
 
     Example:
@@ -511,9 +512,11 @@ def plan_transfer(
             or every group when ``pages`` is None.
         coalesce: merge runs contiguous on both sides into one descriptor.
         method: ``"auto"`` (the rule below), ``"pages"`` (the engine moves the
-            descriptors) or ``"packed"`` (the sender gathers every page into one
+            descriptors), ``"packed"`` (the sender gathers every page into one
             stream, the engine moves it, the receiver scatters it: see
-            ``engine.prepare(..., staging=...)`` and ``engine.receive``). The rule
+            ``engine.prepare(..., staging=...)`` and ``engine.receive``) or
+            ``"direct"`` (both pools CUDA memory of one node: the receiver pulls
+            through CUDA IPC, :class:`CudaIpcPeer`; never chosen by the rule). The rule
             packs when what the engine would spend per descriptor exceeds what a
             gather and a scatter pass cost (``docs/transfer.md``, "Packed
             transfers"): on a GPU a request of tens of small descriptors packs, on
@@ -578,9 +581,10 @@ def plan_transfer(
     else:
         descriptors = [Descriptor(s, d, n, (run,)) for s, d, n, run in segments]
     merged = descriptors if coalesce else _coalesce(segments)
-    memory = "VRAM" if "VRAM" in {b.memory[0] for pair in pairs for b in pair} else "DRAM"
+    mems = {b.memory[0] for pair in pairs for b in pair}
+    memory = mems.pop() if len(mems) == 1 else "MIXED"
     chosen_method = choose_method(method, len(merged), sum(d.length for d in merged), memory)
-    packing = pack_layout(pairs, ids) if chosen_method == "packed" else None
+    packing = None if chosen_method == "pages" else pack_layout(pairs, ids)
     return TransferPlan(
         mine, theirs, tuple(pairs), tuple(descriptors), coalesce, chosen_method, packing
     )

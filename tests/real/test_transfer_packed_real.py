@@ -79,3 +79,20 @@ def test_a_deepseek_v4_request_moves_packed_with_every_component() -> None:
     assert {"c4", "c4_indexer", "c128", "swa"} <= components
     assert plan.packing is not None
     assert len(plan.packing.batches) >= 4  # one gather per item size and page list
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_every_buffer_path_resolves_to_the_tensor_holding_its_bytes(name: str) -> None:
+    """What export_cuda_ipc exports: the storage of the tensor at each buffer's path."""
+    from kvcompat.transfer._direct import _resolve
+
+    try:
+        pool = BUILDERS[name]()
+    except builders.ReleaseLacks as exc:
+        pytest.skip(str(exc))
+    for buf in pool_spec(pool).buffers:
+        tensor = _resolve(pool, buf.path)
+        assert tensor is not None, buf.path
+        storage = tensor.untyped_storage()
+        assert storage.data_ptr() <= buf.ptr, buf.path
+        assert buf.ptr + buf.length <= storage.data_ptr() + storage.nbytes(), buf.path

@@ -305,3 +305,88 @@ def test_packed_gather_and_scatter_on_the_device_are_byte_exact(chunk_bytes: int
     for layer, (mine, theirs) in enumerate(zip(src, want, strict=True)):
         theirs[dst_pages] = mine[pages]
         assert torch.equal(b.kv_buffer[layer].view(torch.uint8), theirs), layer
+
+
+_DIRECT_PAGES, _DIRECT_DST = [3, 0, 7, 7, 1, 12], [15, 2, 9, 4, 11, 0]
+
+
+def _direct_pool(pages: int) -> Any:
+    from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+
+    return ReferenceDeepSeekV4SingleKVPool(pages * 64, 64, layer_num=4, device="cuda:0")
+
+
+def _random_fill(pool: Any, seed: int) -> None:
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    for buf in pool.kv_buffer:
+        raw = buf.view(torch.uint8)
+        noise = torch.randint(0, 256, raw.shape, device="cuda", generator=generator)
+        raw.copy_(noise.to(torch.uint8))
+
+
+def _direct_sender(conn: Any) -> None:
+    from kvcompat.transfer import export_cuda_ipc, pool_spec
+
+    pool = _direct_pool(16)
+    _random_fill(pool, 1)
+    torch.cuda.synchronize()
+    conn.send(
+        {
+            "spec": pool_spec(pool).to_json(),
+            "export": export_cuda_ipc(pool),
+            "bytes": [t.view(torch.uint8).cpu() for t in pool.kv_buffer],
+        }
+    )
+    conn.recv()  # the receiver pulled: our memory may go
+
+
+def _direct_receiver(conn: Any, out: Any) -> None:
+    from kvcompat.transfer import CudaIpcPeer, plan_transfer
+
+    pool = _direct_pool(32)
+    _random_fill(pool, 2)
+    torch.cuda.synchronize()
+    want = [t.view(torch.uint8).cpu() for t in pool.kv_buffer]
+    message = conn.recv()
+    plan = plan_transfer(
+        message["spec"],
+        pool,
+        pages={"kv": _DIRECT_PAGES},
+        dst_pages={"kv": _DIRECT_DST},
+        method="direct",
+    )
+    peer = CudaIpcPeer(message["export"])
+    peer.pull(plan, pool)
+    peer.pull(plan, pool)  # again, through the cached views
+    exact = True
+    for layer, (src, expected) in enumerate(zip(message["bytes"], want, strict=True)):
+        expected[_DIRECT_DST] = src[_DIRECT_PAGES]
+        exact &= torch.equal(pool.kv_buffer[layer].view(torch.uint8).cpu(), expected)
+    peer.close()
+    out.send({"exact": exact})
+    conn.send("done")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_direct_pull_through_cuda_ipc_between_two_processes_is_byte_exact() -> None:
+    context = mp.get_context("spawn")
+    a_end, b_end = context.Pipe()
+    verdict_end, out_end = context.Pipe()
+    a = context.Process(target=_direct_sender, args=(a_end,), name="sender")
+    b = context.Process(target=_direct_receiver, args=(b_end, out_end), name="receiver")
+    try:
+        a.start()
+        b.start()
+        deadline = time.monotonic() + 300
+        while not verdict_end.poll(0.5):
+            failed = [p for p in (a, b) if p.exitcode not in (None, 0)]
+            assert not failed, [f"{p.name} exited {p.exitcode}" for p in failed]
+            assert time.monotonic() < deadline, "timed out"
+        verdict = verdict_end.recv()
+    finally:
+        for process in (a, b):
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+    assert verdict["exact"]

@@ -208,7 +208,7 @@ def test_small_requests_take_the_per_page_path_by_the_rule() -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "match"), [("direct", "not available yet"), ("fast", "must be one of")]
+    ("method", "match"), [("direct", "maps the peer's CUDA buffers"), ("fast", "must be one of")]
 )
 def test_unknown_or_unavailable_methods_are_refused(method: str, match: str) -> None:
     a, b = _pair("dsv4_single", 4)
@@ -386,3 +386,83 @@ def test_mooncake_packed_transfer_is_byte_exact_once_the_commit_is_handed_over()
         assert all(torch.equal(unchanged[k], before[k]) for k in before)
         eb.receive(receive, commit=commit)
     _assert_moved(a, b, PAGES, DST_PAGES, src, before)
+
+
+def _on_cuda(pool: Any) -> dict[str, Any]:
+    """The pool's spec as a CUDA pool's would read (plans need only specs)."""
+    data = pool_spec(pool).to_dict()
+    for buf in data["buffers"]:
+        buf["device"] = "cuda:0"
+    return data
+
+
+@needs_nixl
+def test_a_direct_plan_is_refused_by_the_engines_and_by_receive() -> None:
+    a, b = _engine_pools()
+    direct = plan_transfer(
+        _on_cuda(a), _on_cuda(b), pages=PAGES, dst_pages=DST_PAGES, method="direct"
+    )
+    assert direct.method == "direct"
+    assert direct.packing is not None  # pulled batch by batch of the packed layout
+    auto = plan_transfer(_on_cuda(a), _on_cuda(b), pages=PAGES, dst_pages=DST_PAGES)
+    assert auto.method != "direct"  # the rule never picks it
+    with NixlEngine("dst") as engine:
+        with pytest.raises(TransferPlanError, match="CudaIpcPeer"):
+            engine.prepare(direct, "peer")
+        with pytest.raises(TransferPlanError, match="takes a packed plan"):
+            engine.receive(direct, timeout=0.1)
+
+
+def test_direct_transfers_refuse_what_cannot_be_mapped() -> None:
+    from kvcompat.transfer import CudaIpcPeer, export_cuda_ipc
+
+    a, _ = _engine_pools()
+    with pytest.raises(TransferPlanError, match="direct transfers move CUDA memory"):
+        export_cuda_ipc(a)
+    with pytest.raises(TransferPlanError, match="not a kvcompat CUDA IPC export"):
+        CudaIpcPeer(b"\x80\x04K\x01.")  # a pickle of 1
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_POOLS))
+def test_every_buffer_path_resolves_to_the_tensor_holding_its_bytes(name: str) -> None:
+    from kvcompat.transfer._direct import _resolve
+
+    pool = REFERENCE_POOLS[name](1)
+    for buf in pool_spec(pool).buffers:
+        tensor = _resolve(pool, buf.path)
+        assert tensor is not None, buf.path
+        base = tensor.untyped_storage().data_ptr()
+        assert base <= buf.ptr, buf.path
+        assert buf.ptr + buf.length <= base + tensor.untyped_storage().nbytes(), buf.path
+
+
+def test_a_direct_pull_moves_exactly_the_listed_pages_through_the_mapped_storages() -> None:
+    """The pull's own logic on the CPU: the 'mapped' storages are the sender pool's own."""
+    import dataclasses
+
+    from kvcompat.transfer import CudaIpcPeer
+
+    a, b = _engine_pools()
+    src, before = snapshot(a), snapshot(b)
+    packed = plan_transfer(a, b, pages=PAGES, dst_pages=DST_PAGES, method="packed")
+    direct = dataclasses.replace(packed, method="direct")
+    peer = CudaIpcPeer.__new__(CudaIpcPeer)  # what __init__ builds from real IPC handles
+    peer._mapped = []
+    peer._packers = {}
+    for buf in a.kv_buffer:
+        storage = buf.untyped_storage()
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+        peer._mapped.append((storage.data_ptr(), flat))
+    with pytest.raises(TransferPlanError, match="takes a method='direct' plan"):
+        peer.pull(packed, b)
+    peer.pull(direct, b)
+    peer.pull(direct, b)  # the cached views, again
+    _assert_moved(a, b, PAGES, DST_PAGES, src, before)
+    stranger = ReferenceDeepSeekV4SingleKVPool(size=1152, page_size=64, layer_num=3)
+    with pytest.raises(TransferError, match="not memory this engine registered"):
+        peer.pull(direct, stranger)  # the plan's destination is not this pool
+    with pytest.raises(TransferPlanError, match="live pool of this process"):
+        peer.pull(direct, pool_spec(b).to_json())  # addresses alone could be anyone's
+    after = snapshot(b)
+    want = expected_after(a, b, PAGES, DST_PAGES, src, before)
+    assert all(torch.equal(after[k], want[k]) for k in want)  # the refusals wrote nothing

@@ -9,6 +9,7 @@ import kvcompat.transfer
 PUBLIC = [
     "BufferSpec",
     "ComponentSpec",
+    "CudaIpcPeer",
     "Descriptor",
     "MooncakeEngine",
     "NixlEngine",
@@ -23,6 +24,7 @@ PUBLIC = [
     "TransferError",
     "TransferPlan",
     "TransferPlanError",
+    "export_cuda_ipc",
     "import_mooncake",
     "import_nixl",
     "merge_pages",
