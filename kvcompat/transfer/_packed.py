@@ -299,6 +299,7 @@ def send_packed(
     ``"DONE"``, ``"PROC"`` or ``"ERR"``; ``state(chunk)`` polls a posted chunk. A slot is
     packed again only after the chunk it held completed.
     """
+    run.commit = b""  # a failed run must not leave the last run's commit to hand over
     deadline = time.monotonic() + timeout
     cuda = run.packer.device.startswith("cuda")
     busy: dict[int, int] = {}  # slot -> chunk in flight from it

@@ -466,3 +466,56 @@ def test_a_direct_pull_moves_exactly_the_listed_pages_through_the_mapped_storage
     after = snapshot(b)
     want = expected_after(a, b, PAGES, DST_PAGES, src, before)
     assert all(torch.equal(after[k], want[k]) for k in want)  # the refusals wrote nothing
+
+
+def test_a_plan_that_moves_nothing_is_never_packed() -> None:
+    a, b = _engine_pools()
+    empty = plan_transfer(a, b, pages={"kv": []}, method="packed")
+    assert empty.nbytes == 0
+    assert empty.method == "pages"  # no staging area of zero bytes, no commit for nothing
+    assert empty.packing is None
+
+
+class _FailingSecondBatch:
+    """A Mooncake engine whose second batch write fails (the rest is the real engine)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.calls = 0
+
+    def batch_transfer_sync_write(self, *args: Any) -> int:
+        self.calls += 1
+        if self.calls == 2:
+            return -1
+        result: int = self._engine.batch_transfer_sync_write(*args)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+@needs_mooncake
+def test_mooncake_packed_failure_mid_way_commits_nothing_and_writes_nothing() -> None:
+    a, b = _engine_pools()
+    send, receive = _plans(a, b)
+    with MooncakeEngine("127.0.0.1") as ea, MooncakeEngine("127.0.0.1") as eb:
+        ea.register(a)
+        eb.register(b)
+        staging = eb.staging(send.nbytes)
+        prepared = ea.prepare(send, ea.connect(eb.metadata()), staging=staging, chunk_bytes=40000)
+        ea.transfer(prepared, timeout=20.0)  # a first run arrives and is received
+        eb.receive(receive, commit=prepared.packed.commit)
+        randomise(a, 99)  # new bytes for the second run, which fails after one chunk
+        before = snapshot(b)
+        real = ea._engine
+        ea._engine = _FailingSecondBatch(real)
+        try:
+            with pytest.raises(TransferError, match="the engine refused chunk 1") as info:
+                ea.transfer(prepared, timeout=20.0)
+        finally:
+            ea._engine = real
+        assert info.value.arrived == {}
+        assert info.value.not_arrived == receive.dst_pages()
+        assert prepared.packed.commit == b""  # not even the first run's: nothing to scatter
+    after = snapshot(b)
+    assert all(torch.equal(after[k], before[k]) for k in before)
