@@ -52,7 +52,7 @@ from kvcompat._protocol import Impl
 from kvcompat.kernels._library import OPS as _KERNEL_OPS
 from kvcompat.kernels._library import empty_read, fresh
 from kvcompat.kernels._select import dispatch, load_launchers
-from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._addressing import byte_rows, row_pitch
 from kvcompat.layouts._codec import PLAIN_CODEC, commit, dequantize_torch, encode_part
 from kvcompat.layouts._lookup import op_key, register_layout, spec_for
 from kvcompat.layouts._validate import (
@@ -158,7 +158,8 @@ def dequantize(
     Args:
         layout: a :class:`LayoutSpec` or anything :func:`get_layout` accepts.
         buf: the pool's per-layer buffer: ``[num_pages, page_bytes]`` for the DeepSeek-V4
-            layouts (uint8 or fp8-typed), ``[rows, ...]`` for token-major rows. Contiguous.
+            layouts (uint8 or fp8-typed), ``[rows, ...]`` for token-major rows. Contiguous,
+            or a view striding only its first dimension (rows further apart than their size).
         loc: 1-D integer tensor of token locations on ``buf``'s device (may repeat).
         page_size: the pool's page size in tokens (ignored for addressing by token-major
             layouts, but still checked to be a positive int).
@@ -418,7 +419,7 @@ class BufferPlan:
     def __init__(self, spec: LayoutSpec, buf: torch.Tensor, capacity: int) -> None:
         self.spec, self.buf, self.capacity = spec, buf, capacity
         self.ptr, self.shape = buf.data_ptr(), buf.shape
-        self.span = (self.ptr, self.ptr + buf.numel() * buf.element_size())  # bytes it spans
+        self.span = span(buf) or (self.ptr, self.ptr)  # the bytes it spans
         raw = byte_rows(buf)
         self.rows = raw.view(spec.output_dtype)  # [capacity, dim] elements: what reads gather
         # What writes store into: the elements (index_copy_ moves 2-byte rows several times
@@ -559,8 +560,11 @@ def quantize_planned(
             mine = span(rows)
             if mine is not None and any(lo < mine[1] and mine[0] < hi for lo, hi in spans):
                 rows = rows.clone(memory_format=torch.contiguous_format)
-            data, _ = spec.codec.encode(spec, rows, fnuz=False)
             target = plan.store  # type: ignore[union-attr]
+            if rows.dtype == target.dtype:  # the stored dtype already: rows are the bytes
+                stores.append((target, loc, rows))
+                continue
+            data, _ = spec.codec.encode(spec, rows, fnuz=False)
             stores.append((target, loc, data.view(target.dtype)))  # the encoded bytes
     commit(stores)
     return None
@@ -646,12 +650,19 @@ def plan_layers(
         raise LayoutError(msg)
     size = check_page_size(spec, page_size)
     capacity = min(check_buffer(spec, buf, size) for buf in bufs)
-    device = bufs[0].device
+    device, pitch = bufs[0].device, row_pitch(bufs[0])
     for buf in bufs:
         if buf.device != device:
             msg = (
                 f"every layer's buffer must be on one device; received {device} and "
                 f"{buf.device}. Hint: call once per device."
+            )
+            raise LayoutError(msg)
+        if row_pitch(buf) != pitch:
+            msg = (
+                "every layer's rows must be the same number of bytes apart for one call; "
+                f"received {pitch} and {row_pitch(buf)} (strides {buf.stride()}). Hint: plan "
+                "layers whose buffers have the same strides together."
             )
             raise LayoutError(msg)
     return LayersPlan(spec, tuple(bufs), size, capacity, fnuz=fnuz)
@@ -701,7 +712,7 @@ def read_layers(
     if out is None:
         out = torch.empty(shape, dtype=spec.output_dtype, device=bufs[0].device)
     loc64 = loc.long()
-    plain = spec.codec is PLAIN_CODEC and not spec.paged and spec.data_bytes == spec.bytes_per_token
+    plain = _plain_rows(spec)
     for layer, buf in enumerate(bufs):
         if plain:
             torch.index_select(byte_rows(buf).view(spec.output_dtype), 0, loc64, out=out[layer])
@@ -811,12 +822,29 @@ def write_layer_parts(
         return
     stores: list[Store] = []
     for plan, rows, loc64 in ready:
-        index = loc64.long()
+        where = loc64.long()
+        spec = plan.spec
+        if _plain_rows(spec) and not plan.fnuz:
+            # Whole rows: store the elements (index_copy_ moves 2-byte rows several times
+            # faster than their bytes), or the bytes of 1-byte elements.
+            for layer, buf in enumerate(plan.bufs):
+                raw = byte_rows(buf)
+                target = raw.view(spec.output_dtype) if spec.output_dtype.itemsize > 1 else raw
+                source = rows[layer]
+                if source.dtype != target.dtype:
+                    source = spec.codec.encode(spec, source, fnuz=False)[0].view(target.dtype)
+                stores.append((target, where, source))
+            continue
         for layer, buf in enumerate(plan.bufs):
             stores.extend(
-                encode_part(plan.spec, rows[layer], buf, index, plan.page_size, fnuz=plan.fnuz)
+                encode_part(spec, rows[layer], buf, where, plan.page_size, fnuz=plan.fnuz)
             )
     commit(stores)
+
+
+def _plain_rows(spec: LayoutSpec) -> bool:
+    """Whether ``spec`` is whole token rows of one element type (MHA, MLA): no scales, no pages."""
+    return spec.codec is PLAIN_CODEC and not spec.paged and spec.data_bytes == spec.bytes_per_token
 
 
 def _check_layer_part(

@@ -29,6 +29,7 @@ from kvcompat.kernels._plan import (
     word_bytes,
     write_plan,
 )
+from kvcompat.layouts._addressing import row_pitch
 from kvcompat.layouts._spec import LayoutSpec
 from kvcompat.layouts._validate import check_buffer, check_page_size, resolve_layout
 
@@ -129,7 +130,12 @@ def _raw(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _check_buf(spec: LayoutSpec, buf: object, page_size: object) -> dict[str, int]:
-    """Host-only buffer checks (fast path first); the page geometry on success."""
+    """Host-only buffer checks (fast path first); the page geometry on success.
+
+    A buffer whose rows (pages, or token rows) sit further apart than their size (a
+    strided view) gets the geometry with ``PAGE_BYTES`` set to that pitch: the kernels
+    address every row from it, so the same compiled kernel serves both.
+    """
     if type(page_size) is int and page_size > 0 and isinstance(buf, torch.Tensor):
         geo = cached_geometry(spec, page_size)
         rows = buf.shape[0] if buf.dim() else 0
@@ -146,7 +152,11 @@ def _check_buf(spec: LayoutSpec, buf: object, page_size: object) -> dict[str, in
     check_buffer(spec, buf, size)  # raises with the full explanation
     _check_device(buf)  # type: ignore[arg-type]
     _check_aligned("buf", buf, _ALIGN)  # type: ignore[arg-type]
-    return cached_geometry(spec, size)
+    geo = cached_geometry(spec, size)
+    pitch = row_pitch(buf)  # type: ignore[arg-type]
+    if pitch and pitch != geo["PAGE_BYTES"]:
+        return {**geo, "PAGE_BYTES": pitch}
+    return geo
 
 
 _KWARGS: dict[tuple[int, LaunchSettings, int, bool], dict[str, object]] = {}
@@ -245,7 +255,9 @@ def _read(
         _check_aligned("out", out, 4)
     with _on_device(buf):
         if plan.family == "gather_rows":
-            word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), out.data_ptr())
+            word = word_bytes(
+                int(plan.constants["ROW_BYTES"]), geo["PAGE_BYTES"], buf.data_ptr(), out.data_ptr()
+            )
             jit._copy_rows_kernel[grid](
                 _raw(buf), _raw(out), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"],
                 geo["DATA_STRIDE"], **_kwargs(plan, settings, word), LAYERED=layered,
@@ -321,7 +333,9 @@ def _write(
     extra = {"LAYERED": bases is not None}
     with _on_device(buf):
         if plan.family == "scatter_rows":
-            word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), rows.data_ptr())
+            word = word_bytes(
+                int(plan.constants["ROW_BYTES"]), geo["PAGE_BYTES"], buf.data_ptr(), rows.data_ptr()
+            )
             jit._copy_rows_kernel[grid](
                 rows, _raw(buf), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
                 **_kwargs(plan, settings, word), **extra,
@@ -356,8 +370,15 @@ def layer_bases(spec: LayoutSpec, bufs: Sequence[torch.Tensor], page_size: int) 
         msg = "layers must name at least one layer; received none."
         raise LayoutError(msg)
     first = bufs[0]
+    pitch = _check_buf(spec, first, page_size)["PAGE_BYTES"]
     for buf in bufs:
-        _check_buf(spec, buf, page_size)
+        if _check_buf(spec, buf, page_size)["PAGE_BYTES"] != pitch:
+            msg = (
+                "every layer's rows must be the same number of bytes apart for one launch; "
+                f"received {row_pitch(first)} and {row_pitch(buf)}. Hint: plan layers whose "
+                "buffers have the same strides together."
+            )
+            raise LayoutError(msg)
         if buf.device != first.device:
             msg = (
                 f"every layer's buffer must be on one device; received {first.device} and "
@@ -385,7 +406,7 @@ def gather_dequantize_layers(
     ``[len(bufs), n, dim]`` tensor. Host checks only, as :func:`gather_dequantize`.
     """
     plan = _plan(read_plan(spec, fnuz=fnuz))
-    geo = cached_geometry(spec, page_size)
+    geo = _check_buf(spec, bufs[0], page_size)
     loc = _check_loc(loc, bufs[0].device, LayoutError)
     n = loc.shape[0]
     _check_dense_out(spec, out, (len(bufs), n, spec.dim), bufs[0].device)
@@ -409,7 +430,7 @@ def quantize_scatter_layers(
     :func:`quantize_scatter`; the caller validated ``loc`` and ``values``.
     """
     plan = _plan(write_plan(spec, _values_dtype(values), fnuz=fnuz))
-    geo = cached_geometry(spec, page_size)
+    geo = _check_buf(spec, bufs[0], page_size)
     loc = _check_loc(loc, bufs[0].device, WriteError)
     n = loc.shape[0]
     _check_values(values, len(bufs) * n * spec.dim, [len(bufs), n, spec.dim], bufs[0].device)
