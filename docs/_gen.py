@@ -71,7 +71,7 @@ def layers_gpu_table(data: Path) -> str:
     source = data / "layers-gpu.json"
     if not source.exists():
         return (
-            "No GPU figures are committed yet: `docs/_data/layers-gpu.json` is written by "
+            "No GPU figures are committed yet: `layers-gpu.json` under `docs/_data/` is written by "
             "the command above on a CUDA device.\n"
         )
     found = json.loads(source.read_text())

@@ -310,3 +310,34 @@ def test_per_layer_locations_are_checked_row_by_row() -> None:
         pool.read_layers(layers, across + 10**6)
     for a, b in zip(_snapshot(pool), before, strict=True):
         assert torch.equal(a, b)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    width=st.sampled_from([1, 2, 6, 37, 40, 64]),
+    pad=st.sampled_from([0, 3, 8, 24]),
+    offset=st.sampled_from([0, 1, 8]),
+    data=st.data(),
+)
+def test_raw_row_moves_equal_byte_indexing_on_any_alignment(
+    width: int, pad: int, offset: int, data: Any
+) -> None:
+    from kvcompat._ops import gather_rows_layers, scatter_rows_layers
+
+    g = torch.Generator().manual_seed(width + pad + offset)
+    pitch = width + pad
+    backing = [torch.randint(0, 256, (8 * pitch + offset,), generator=g).to(torch.uint8)
+               for _ in range(3)]  # fmt: skip
+    views = [b[offset:].as_strided((8, width), (pitch, 1)) for b in backing]
+    rows = torch.tensor(data.draw(st.lists(st.integers(0, 7), min_size=0, max_size=10)))
+    got = gather_rows_layers(views, rows.long(), impl="torch")
+    for i, view in enumerate(views):
+        assert torch.equal(got[i], view[rows.long()])
+    where = torch.tensor(data.draw(st.lists(st.integers(0, 7), max_size=5, unique=True)))
+    payload = torch.randint(0, 256, (3, where.numel(), width), generator=g).to(torch.uint8)
+    expect = [b.clone() for b in backing]
+    for i, b in enumerate(expect):
+        b[offset:].as_strided((8, width), (pitch, 1))[where.long()] = payload[i]
+    scatter_rows_layers(views, where.long(), payload, impl="torch")
+    for b, e in zip(backing, expect, strict=True):
+        assert torch.equal(b, e)
