@@ -587,23 +587,24 @@ class LayersPlan:
         spec: the layout every buffer holds.
         bufs: the layers' buffers, in call order.
         page_size: the pool's page size in tokens.
-        capacity: token locations each buffer holds (the smallest, if they differ).
+        capacity: token locations every buffer holds (the smallest buffer's).
+        capacities: token locations each buffer holds, in call order.
         fnuz: the buffers hold ROCm e4m3fnuz V4 bytes.
     """
 
-    __slots__ = ("_bases", "bufs", "capacity", "fnuz", "page_size", "ptrs", "spec")
+    __slots__ = ("_bases", "bufs", "capacities", "capacity", "fnuz", "page_size", "ptrs", "spec")
 
     def __init__(
         self,
         spec: LayoutSpec,
         bufs: tuple[torch.Tensor, ...],
         page_size: int,
-        capacity: int,
+        capacities: tuple[int, ...],
         *,
         fnuz: bool,
     ) -> None:
         self.spec, self.bufs, self.page_size = spec, bufs, page_size
-        self.capacity, self.fnuz = capacity, fnuz
+        self.capacities, self.capacity, self.fnuz = capacities, min(capacities), fnuz
         self.ptrs = tuple(buf.data_ptr() for buf in bufs)
         self._bases: torch.Tensor | None = None
 
@@ -650,7 +651,7 @@ def plan_layers(
         )
         raise LayoutError(msg)
     size = check_page_size(spec, page_size)
-    capacity = min(check_buffer(spec, buf, size) for buf in bufs)
+    capacities = tuple(check_buffer(spec, buf, size) for buf in bufs)
     device, pitch = bufs[0].device, row_pitch(bufs[0])
     for buf in bufs:
         if buf.device != device:
@@ -666,7 +667,7 @@ def plan_layers(
                 "layers whose buffers have the same strides together."
             )
             raise LayoutError(msg)
-    return LayersPlan(spec, tuple(bufs), size, capacity, fnuz=fnuz)
+    return LayersPlan(spec, tuple(bufs), size, capacities, fnuz=fnuz)
 
 
 def read_layers(
@@ -696,7 +697,7 @@ def read_layers(
     if validate:
         loc = check_layer_loc(
             loc, len(bufs), capacity=plan.capacity, device=bufs[0].device, error=LayoutError,
-            unique=False,
+            unique=False, capacities=plan.capacities,
         )  # fmt: skip
     elif loc.dtype is not torch.int64 and loc.dtype is not torch.int32:
         loc = loc.long()
@@ -732,12 +733,14 @@ def check_layer_loc(
     device: torch.device,
     error: type[LayoutError] | type[WriteError],
     unique: bool,
+    capacities: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """A multi-layer call's ``loc`` as int64, checked once for every layer.
 
     1-D: the same locations on every layer (:func:`check_loc`). ``[layers, n]``: row ``l``
-    is layer ``l``'s locations (a sparse step's per-layer top-k); every row in range and,
-    with ``unique``, free of repeats within the row.
+    is layer ``l``'s locations (a sparse step's per-layer top-k); every row in range (of its
+    own layer's ``capacities[l]`` when given: layers of a composite's components hold
+    different numbers of tokens) and, with ``unique``, free of repeats within the row.
 
     Example:
         >>> import torch
@@ -753,8 +756,21 @@ def check_layer_loc(
             f"shape {list(loc.shape)}. Hint: stack one row of locations per planned layer."
         )
         raise error(msg)
-    flat = check_loc(loc.reshape(-1), capacity=capacity, device=device, error=error, unique=False)
+    widest = max(capacities) if capacities else capacity
+    flat = check_loc(loc.reshape(-1), capacity=widest, device=device, error=error, unique=False)
     rows = flat.view(layers, -1)
+    if capacities and min(capacities) != widest and rows.numel():
+        limits = torch.tensor(capacities, device=rows.device).unsqueeze(1)
+        over = rows >= limits
+        if bool(over.any()):
+            layer = int(over.any(dim=1).nonzero()[0, 0])
+            msg = (
+                f"loc row {layer} holds locations outside [0, {capacities[layer]}), the "
+                f"tokens layer {layer} of the call holds: "
+                f"{rows[layer][over[layer]].tolist()[:8]}. Hint: each row addresses its own "
+                "layer's component."
+            )
+            raise error(msg)
     if unique and rows.shape[1] > 1:
         ordered = rows.sort(dim=1).values
         same = ordered[:, 1:] == ordered[:, :-1]
@@ -852,7 +868,7 @@ def write_layer_parts(
         >>> k[0][3].tolist(), v[0][3].tolist()
         ([[1.0, 1.0]], [[2.0, 2.0]])
     """
-    checked: dict[int, torch.Tensor] = {}
+    checked: dict[tuple[int, ...], torch.Tensor] = {}
     ready: list[tuple[LayersPlan, torch.Tensor, torch.Tensor]] = []
     for index, (plan, values) in enumerate(parts):
         role = what[index] if index < len(what) else f"part {index}"
@@ -899,7 +915,7 @@ def _check_layer_part(
     loc: torch.Tensor,
     values: object,
     role: str,
-    checked: dict[int, torch.Tensor],
+    checked: dict[tuple[int, ...], torch.Tensor],
     check_finite: bool,
     validate: bool,
 ) -> tuple[LayersPlan, torch.Tensor, torch.Tensor]:
@@ -915,12 +931,13 @@ def _check_layer_part(
         n = int(loc.shape[-1])
         rows = values.reshape(layers, n, spec.dim)
         return plan, (rows.detach() if rows.requires_grad else rows), loc
-    loc64 = checked.get(plan.capacity)
+    loc64 = checked.get(plan.capacities)
     if loc64 is None or loc64.device != device:
         loc64 = check_layer_loc(
-            loc, layers, capacity=plan.capacity, device=device, error=WriteError, unique=True
-        )
-        checked[plan.capacity] = loc64
+            loc, layers, capacity=plan.capacity, device=device, error=WriteError, unique=True,
+            capacities=plan.capacities,
+        )  # fmt: skip
+        checked[plan.capacities] = loc64
     n = int(loc64.shape[-1])
     if values.dim() < 2 or values.shape[0] != layers or values.shape[1] != n:
         msg = (

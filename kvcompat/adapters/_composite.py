@@ -14,7 +14,7 @@ from kvcompat._protocol import Impl, KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
 from kvcompat.adapters._leaf import LeafAdapter
-from kvcompat.adapters._multi import layer_tuple
+from kvcompat.adapters._multi import LayerPlan, layer_tuple
 
 __all__ = ["CompositeAdapter", "CompositeParts"]
 
@@ -67,7 +67,15 @@ class CompositeAdapter(AdapterBase):
     kind: PoolKind = PoolKind.COMPOSITE
     """Always :attr:`PoolKind.COMPOSITE`."""
 
-    __slots__ = ("_components", "_name", "_native", "_route", "_route_names", "_wait_offset")
+    __slots__ = (
+        "_components",
+        "_layer_plans",
+        "_name",
+        "_native",
+        "_route",
+        "_route_names",
+        "_wait_offset",
+    )
 
     def __init__(
         self,
@@ -101,6 +109,7 @@ class CompositeAdapter(AdapterBase):
         }
         self._route_names: dict[int, str] = dict(sorted(route.items()))
         self._wait_offset = wait_offset
+        self._layer_plans: dict[tuple[int, ...], LayerPlan] = {}
 
     # -- the hot path -----------------------------------------------------------
 
@@ -291,39 +300,55 @@ class CompositeAdapter(AdapterBase):
         )
 
     def plan(self, layers: Sequence[int] | None = None, /) -> Any:
-        """Plan several layers at once, on the component that serves them.
+        """Plan several layers at once (``LeafAdapter.plan``), across components if need be.
 
-        The layers must all be served by one component (each component has its own
-        token space, so one ``loc`` cannot address two of them); ``layers=None`` plans
-        every layer when one component serves them all.
+        Layers served by one component get that component's plan. Layers spanning
+        components of one byte layout and page size get one plan over all of them (one
+        launch), whose calls take ``loc`` as ``[layers, n]``: each component has its own
+        token space, so row ``i`` addresses layer ``layers[i]``'s component.
 
         Raises:
-            LayoutError: the layers span components (the message lists each component's
-                layers; plan ``pool.components[name].plan(ids)`` per component).
+            LayoutError: the layers' components differ in layout or page size, or one
+                is itself a composite (plan ``pool.components[name]`` per component).
 
         Example:
-            >>> import kvcompat
+            >>> import torch, kvcompat
             >>> from kvcompat.testing import reference_swa_pool
             >>> pool = kvcompat.adapt(reference_swa_pool())
-            >>> pool.plan([1]).layers
-            (1,)
+            >>> step = pool.plan()                    # full and sliding-window layers
+            >>> loc = torch.tensor([[1, 2]] * len(step.layers))  # one row per layer
+            >>> step.read(loc).shape[:2], step.spans_components
+            (torch.Size([4, 2]), True)
         """
         found = layer_tuple(layers, self.layer_ids, self._name)
         parts = {self._route_names[layer] for layer in found}
-        if len(parts) > 1:
+        if len(parts) == 1:
+            return self._route[found[0]].plan(found)
+        owners = {layer: self._route[layer] for layer in found}
+        nested = sorted(
+            {self._route_names[layer] for layer, part in owners.items()
+             if not hasattr(part, "_layer_entries")}
+        )  # fmt: skip
+        if nested:
             groups = {
                 part: [layer for layer in found if self._route_names[layer] == part]
                 for part in sorted(parts)
             }
             msg = (
                 f"{self._name}: layers {list(found)} are served by components "
-                f"{', '.join(f'{p!r} (layers {ids})' for p, ids in groups.items())}, whose "
-                "token locations are separate spaces, so one loc cannot address them all.\n"
+                f"{', '.join(f'{p!r} (layers {ids})' for p, ids in groups.items())}, and "
+                f"{nested} are composites themselves.\n"
                 "Hint: plan each component's layers with its own locations: "
                 "pool.components[name].plan(layer_ids)."
             )
             raise LayoutError(msg)
-        return self._route[found[0]].plan(found)
+        hit = self._layer_plans.get(found)
+        if hit is None:
+            hit = LayerPlan(self, found, owners)
+            if len(self._layer_plans) >= 64:
+                self._layer_plans.clear()
+            self._layer_plans[found] = hit
+        return hit
 
     def _composite_wait(self, layer_id: int) -> bool:
         """Perform the composite's own wait if it has one; returns whether the part must."""

@@ -99,17 +99,26 @@ class LayerPlan:
         torch.Size([4, 2, 1, 512])
     """
 
-    __slots__ = ("_adapter", "_key", "_raws", "_value", "layers", "layout")
+    __slots__ = ("_adapter", "_key", "_owners", "_raws", "_value", "layers", "layout")
 
-    def __init__(self, adapter: Any, layers: tuple[int, ...]) -> None:
+    def __init__(
+        self, adapter: Any, layers: tuple[int, ...], owners: dict[int, Any] | None = None
+    ) -> None:
         self._adapter = adapter
         self.layers = layers
+        # The leaf adapter serving each layer: the adapter itself, or a composite's parts.
+        self._owners: dict[int, Any] = owners or dict.fromkeys(layers, adapter)
         self._build()
 
+    @property
+    def spans_components(self) -> bool:
+        """Whether the planned layers live in more than one component (token space)."""
+        return len({id(owner) for owner in self._owners.values()}) > 1
+
     def _build(self) -> None:
-        adapter, layers = self._adapter, self.layers
-        keys = [adapter.get_key_buffer(layer, wait=False) for layer in layers]
-        layouts = [adapter.layout(layer) for layer in layers]
+        adapter, layers, owners = self._adapter, self.layers, self._owners
+        keys = [owners[layer].get_key_buffer(layer, wait=False) for layer in layers]
+        layouts = [owners[layer].layout(layer) for layer in layers]
         first = layouts[0]
         odd = [layer for layer, lay in zip(layers, layouts, strict=True) if lay != first]
         if odd:
@@ -119,14 +128,27 @@ class LayerPlan:
                 "Hint: plan each group of layers with the same pool.layout(l) separately."
             )
             raise LayoutError(msg)
-        page_size = adapter.page_size
+        sizes = {owners[layer].page_size for layer in layers}
+        if len(sizes) > 1:
+            msg = (
+                f"{adapter.name}: layers {list(layers)} come from components with page sizes "
+                f"{sorted(sizes)}; one call moves pages of one size.\n"
+                "Hint: plan the layers of each page size separately."
+            )
+            raise LayoutError(msg)
+        page_size = sizes.pop()
         self.layout: LayerLayout = first
         self._key: LayersPlan = plan_layers(first.key, keys, page_size, fnuz=first.fnuz)
         self._value: LayersPlan | None = None
-        if first.value is not None and adapter.value_attr is not None:
-            values = [adapter.get_value_buffer(layer, wait=False) for layer in layers]
+        if first.value is not None and all(
+            owners[layer].value_attr is not None for layer in layers
+        ):
+            values = [owners[layer].get_value_buffer(layer, wait=False) for layer in layers]
             self._value = plan_layers(first.value, values, page_size, fnuz=first.fnuz)
-        self._raws = adapter._layer_entries(layers)
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for layer in layers:
+            groups.setdefault(id(owners[layer]), (owners[layer], []))[1].append(layer)
+        self._raws = [(owner, owner._layer_entries(ids)) for owner, ids in groups.values()]
         if keys[0].is_cuda:  # the launch table now, so that a captured call allocates nothing
             for part in (self._key, self._value):
                 if part is not None:
@@ -135,13 +157,24 @@ class LayerPlan:
 
     def _fresh(self) -> None:
         """Re-plan when the pool's buffers changed since the plan was made."""
-        if not self._adapter._entries_unchanged(self._raws):
+        if not all(owner._entries_unchanged(entries) for owner, entries in self._raws):
             self._build()
 
     def _wait(self, wait: bool) -> None:
         if wait:
             # Layers arrive in order: waiting for the last one planned waits for all.
             self._adapter.get_key_buffer(max(self.layers), wait=True)
+
+    def _check_loc_shape(self, loc: object, error: type[LayoutError] | type[WriteError]) -> None:
+        if self.spans_components and not (isinstance(loc, torch.Tensor) and loc.dim() == 2):
+            parts = sorted({str(owner.name) for owner in self._owners.values()})
+            msg = (
+                f"{self._adapter.name}: the planned layers live in components {parts}, whose "
+                "token locations are separate spaces, so one 1-D loc cannot address them; "
+                f"received {_describe_loc(loc)}.\nHint: pass loc as [layers, n], row i in the "
+                "space of layer plan.layers[i]'s component."
+            )
+            raise error(msg)
 
     def read(
         self,
@@ -169,6 +202,7 @@ class LayerPlan:
             torch.Size([2, 1, 1, 128])
         """
         check_impl(impl)
+        self._check_loc_shape(loc, LayoutError)
         self._fresh()
         self._wait(wait)
         spec = self._key.spec
@@ -203,15 +237,15 @@ class LayerPlan:
             (torch.Size([2, 2, 1, 128]), torch.Size([2, 2, 1, 128]))
         """
         keys = self.read(loc, wait=wait, validate=validate, impl=impl)
-        adapter, layout = self._adapter, self.layout
-        component = adapter._component
+        owner, layout = self._owners[self.layers[0]], self.layout
+        component = None if self.spans_components else owner._component
         if self._value is not None:
             spec = self._value.spec
             dense = read_layers(self._value, loc, validate=validate, impl=impl)
             values = dense.view(dense.shape[0], dense.shape[1], spec.heads, spec.dim // spec.heads)
             return KVPair(keys, values, shared=False, component=component)
-        if not adapter.kind.has_values:
-            adapter._missing_value(self.layers[0])
+        if not owner.kind.has_values:
+            owner._missing_value(self.layers[0])
         if layout.value_dim is not None:
             return KVPair(keys, keys[..., : layout.value_dim], shared=True, component=component)
         return KVPair(keys, keys, shared=True, component=component)
@@ -248,9 +282,11 @@ class LayerPlan:
             2.0
         """
         check_impl(impl)
+        self._check_loc_shape(loc, WriteError)
         self._fresh()
         parts: list[tuple[LayersPlan, object]] = [(self._key, key)]
         adapter, layout = self._adapter, self.layout
+        kind = self._owners[self.layers[0]].kind
         if self._value is not None:
             if value is None:
                 msg = (
@@ -262,12 +298,10 @@ class LayerPlan:
             parts.append((self._value, value))
         elif value is not None and not aliases_key(value, key, layout.value_dim):
             where = (
-                "stores keys only"
-                if not adapter.kind.has_values
-                else "keeps the value inside the key row"
+                "stores keys only" if not kind.has_values else "keeps the value inside the key row"
             )
             msg = (
-                f"{adapter.name} ({adapter.kind.value}) {where}: write() got a separate "
+                f"{adapter.name} ({kind.value}) {where}: write() got a separate "
                 "value tensor, which would be dropped.\n"
                 "Hint: pass value=None (or the key tensor / its prefix view)."
             )
@@ -284,6 +318,12 @@ class LayerPlan:
             f"LayerPlan({self._adapter.name}, layers={list(self.layers)}, "
             f"layout={self._key.spec.name!r}, buffers=({roles}))"
         )
+
+
+def _describe_loc(loc: object) -> str:
+    if isinstance(loc, torch.Tensor):
+        return f"a {loc.dim()}-D tensor of shape {list(loc.shape)}"
+    return type(loc).__name__
 
 
 def _flat_out(out: object, layers: int, dim: int) -> torch.Tensor:

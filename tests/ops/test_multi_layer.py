@@ -201,20 +201,38 @@ def test_bad_layer_sets_are_refused_with_what_was_received() -> None:
         pool.plan([])
 
 
-def test_a_composite_plans_within_one_component_and_refuses_across() -> None:
+def test_a_composite_plans_across_components_with_one_row_of_locations_per_layer() -> None:
     pool = kvcompat.adapt(reference_swa_pool())
+    twin = kvcompat.adapt(reference_swa_pool())
     by_part: dict[str, list[int]] = {}
     for layer in pool.layer_ids:
         by_part.setdefault(str(pool.component_for(layer)), []).append(layer)
     assert len(by_part) == 2
-    for part, layers in by_part.items():
-        plan = pool.plan(layers)
+    for part, layers in by_part.items():  # within one component: one space, 1-D loc
         loc = torch.tensor([1, 5])
-        got = plan.read(loc)
+        got = pool.plan(layers).read(loc)
         for i, layer in enumerate(layers):
             assert torch.equal(_bytes(got[i]), _bytes(pool.read(layer, loc))), part
-    with pytest.raises(LayoutError, match="served by components"):
-        pool.plan()
+    step = pool.plan()  # across components: every layer, still one launch
+    assert step.spans_components
+    with pytest.raises(LayoutError, match="separate spaces"):
+        step.read(torch.tensor([1, 5]))
+    with pytest.raises(WriteError, match="separate spaces"):
+        step.write(torch.tensor([1]), torch.ones(len(step.layers), 1, 2, 8))
+    loc = torch.stack([torch.tensor([i + 1, 2 * i + 4]) for i in range(len(step.layers))])
+    keys = torch.randn(len(step.layers), 2, 2, 8).to(torch.bfloat16)
+    values = torch.randn(len(step.layers), 2, 2, 8).to(torch.bfloat16)
+    step.write(loc, keys, values)
+    for i, layer in enumerate(step.layers):
+        twin.write(layer, loc[i], keys[i], values[i])
+    for layer in pool.layer_ids:
+        for get in ("get_key_buffer", "get_value_buffer"):
+            mine = getattr(pool, get)(layer, wait=False)
+            theirs = getattr(twin, get)(layer, wait=False)
+            assert torch.equal(_bytes(mine), _bytes(theirs)), (layer, get)
+    got = step.read(loc)
+    for i, layer in enumerate(step.layers):
+        assert torch.equal(_bytes(got[i]), _bytes(pool.read(layer, loc[i])))
 
 
 def test_a_plan_follows_buffers_the_pool_replaces() -> None:
