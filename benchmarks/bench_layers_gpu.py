@@ -100,10 +100,10 @@ def _copy(nbytes: int, reps: int) -> float:
     return _graph(lambda: dst.copy_(src), reps)
 
 
-def _row_bytes(pool: Any, layer: int) -> int:
-    """Pool bytes a read of one token of one layer touches, plus its dense values."""
+def _row_bytes(pool: Any, layer: int, *, write: bool) -> int:
+    """Pool bytes one token of one layer moves, plus its dense values (a read: keys only)."""
     spec = pool.layout(layer)
-    parts = [spec.key] + ([spec.value] if spec.value is not None else [])
+    parts = [spec.key] + ([spec.value] if write and spec.value is not None else [])
     return sum(p.data_bytes + p.scale_bytes + p.dim * p.output_dtype.itemsize for p in parts)
 
 
@@ -118,8 +118,9 @@ def bench(kind: str, layers: int, n: int, iters: int, reps: int) -> list[dict[st
     vout = torch.empty_like(out) if pool.layout(ids[0]).value is not None else None
     keys = torch.randn(layers, n, heads, spec.dim // heads, device="cuda").to(torch.bfloat16)
     values = keys.clone() if vout is not None else None
-    nbytes = layers * n * _row_bytes(pool, ids[0])
-    copy = _copy(nbytes, reps)
+    volume = {op: layers * n * _row_bytes(pool, ids[0], write=op == "write")
+              for op in ("read", "write")}  # fmt: skip
+    copies = {op: _copy(nbytes, reps) for op, nbytes in volume.items()}
     rows: list[dict[str, Any]] = []
 
     def loop_read() -> None:
@@ -161,6 +162,7 @@ def bench(kind: str, layers: int, n: int, iters: int, reps: int) -> list[dict[st
                    "multi validated": (multi_write_checked, "wall"),
                    "multi graph": (multi_write, "graph")}),
     ):  # fmt: skip
+        nbytes, copy = volume[op], copies[op]
         for name, (fn, how) in timings.items():
             seconds = _wall(fn, iters) if how == "wall" else _graph(fn, reps)
             rows.append({
@@ -168,9 +170,9 @@ def bench(kind: str, layers: int, n: int, iters: int, reps: int) -> list[dict[st
                 "time": how, "us": seconds * 1e6, "GBps": nbytes / seconds / 1e9,
                 "share_of_copy": copy / seconds,
             })  # fmt: skip
-    rows.append({"pool": kind, "layers": layers, "tokens": n, "op": "copy", "impl": "copy",
-                 "time": "graph", "us": copy * 1e6, "GBps": nbytes / copy / 1e9,
-                 "share_of_copy": 1.0})  # fmt: skip
+        rows.append({"pool": kind, "layers": layers, "tokens": n, "op": op, "impl": "copy",
+                     "time": "graph", "us": copy * 1e6, "GBps": nbytes / copy / 1e9,
+                     "share_of_copy": 1.0})  # fmt: skip
     return rows
 
 

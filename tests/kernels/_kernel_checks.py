@@ -371,7 +371,7 @@ def strided_matches_contiguous(
     The storage interleaves three layers row by row (a block-outer layout such as vLLM's
     ``BLHNC``); the view is the middle layer's rows.
     """
-    rows = _rows_for(spec, page_size, 40)
+    rows = _rows_for(spec, page_size, max(40, 4 * page_size))  # several rows, so a stride
     dense = make_buffer(spec, page_size, rows, seed=page_size + 11, device=device)
     g = torch.Generator().manual_seed(3)
 
