@@ -45,7 +45,7 @@ def build(kernel: object, first: str, dtype: str, constants: dict[str, object], 
 
 
 def main() -> int:
-    common = {"SOFT": False, "EVICT": "", "BLOCK_T": 4, "LAYERED": True}
+    common = {"SOFT": False, "EVICT": "", "BLOCK_T": 4, "LAYERED": True, "LOC_LAYERS": True}
     cases = [
         ("write_fp4_pairs bf16", jit._write_fp4_pairs_kernel, "values_ptr", "*bf16",
          {"IN_KIND": 0, **common}),
