@@ -176,6 +176,47 @@ def bench(kind: str, layers: int, n: int, iters: int, reps: int) -> list[dict[st
     return rows
 
 
+def bench_strided(layers: int, n: int, reps: int) -> list[dict[str, Any]]:
+    """V4 pages of every layer in one block-outer storage (strided views) vs contiguous ones.
+
+    The strided buffers are what a layer's view of a storage shared block by block looks
+    like (vLLM's block-outer layouts): page ``p`` of layer ``l`` at ``(p * layers + l) *
+    page_bytes``. Both sides move the same tokens with one multi-layer launch (GPU time).
+    """
+    from kvcompat._ops import plan_layers, read_layers, write_layers
+    from kvcompat.layouts import V4
+
+    page, pages = 64, max(2 * n // 64, 1024)
+    width = V4.page_bytes(page)
+    storage = torch.randint(0, 120, (pages, layers, width), dtype=torch.uint8, device="cuda")
+    strided = [storage[:, layer] for layer in range(layers)]
+    contiguous = [view.contiguous() for view in strided]
+    g = torch.Generator().manual_seed(3)
+    loc = torch.randperm(pages * page, generator=g)[:n].to("cuda")
+    out = torch.empty(layers, n, 512, dtype=torch.bfloat16, device="cuda")
+    values = torch.randn(layers, n, 512, device="cuda").to(torch.bfloat16)
+    rows: list[dict[str, Any]] = []
+    for name, bufs in (("contiguous", contiguous), ("strided", strided)):
+        plan = plan_layers(V4, bufs, page)
+        seconds_read = _graph(
+            lambda p=plan: read_layers(p, loc, out=out, validate=False, impl="triton"), reps
+        )
+        seconds_write = _graph(
+            lambda p=plan: write_layers(p, loc, values, validate=False, check_finite=False,
+                                        impl="triton"), reps,
+        )  # fmt: skip
+        for op, seconds in (("read", seconds_read), ("write", seconds_write)):
+            rows.append({"pool": "v4", "layers": layers, "tokens": n, "op": op,
+                         "impl": f"multi graph, {name}", "time": "graph", "us": seconds * 1e6,
+                         "GBps": layers * n * (584 + 1024) / seconds / 1e9,
+                         "share_of_copy": float("nan")})  # fmt: skip
+    by = {(r["op"], r["impl"].split(", ")[1]): r["us"] for r in rows}
+    for row in rows:
+        if row["impl"].endswith("strided"):
+            row["strided_vs_contiguous"] = by[(row["op"], "contiguous")] / row["us"]
+    return rows
+
+
 def _machine() -> dict[str, Any]:
     import triton
 
@@ -203,11 +244,22 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--strided-only", action="store_true", help="only the strided vs contiguous rows"
+    )
     args = parser.parse_args()
     machine = _machine()
     print(f"# {machine}")
     rows: list[dict[str, Any]] = []
-    for kind in args.pools:
+    for n in args.sizes:
+        for row in bench_strided(args.layers, n, args.reps):
+            rows.append(row)
+            extra = row.get("strided_vs_contiguous")
+            print(
+                f"v4 {args.layers:3}x{n:<7} {row['op']:5} {row['impl']:28} {row['us']:10.1f} us"
+                + ("" if extra is None else f"  strided/contiguous speed {100 * extra:5.1f} %")
+            )
+    for kind in [] if args.strided_only else args.pools:
         for n in args.sizes:
             found = bench(kind, args.layers, n, args.iters, args.reps)
             rows.extend(found)

@@ -66,6 +66,13 @@ def refused_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _strided_cell(row: dict[str, object]) -> str:
+    ratio = row.get("strided_vs_contiguous")
+    if not isinstance(ratio, float):
+        return "(the contiguous baseline) |"
+    return f"strided / contiguous speed {100 * ratio:.1f} % |"
+
+
 def layers_gpu_table(data: Path) -> str:
     """The multi-layer benchmark's figures, from the committed JSON (or what is owed)."""
     source = data / "layers-gpu.json"
@@ -89,7 +96,11 @@ def layers_gpu_table(data: Path) -> str:
     lines.extend(
         f"| {row['pool']} | {row['layers']} x {row['tokens']} | {row['op']} | "
         f"{row['impl']} | {row['time']} | {row['us']:.1f} | {row['GBps']:.1f} | "
-        f"{100 * row['share_of_copy']:.1f} % |"
+        + (
+            f"{100 * row['share_of_copy']:.1f} % |"
+            if row["share_of_copy"] == row["share_of_copy"]  # NaN: no copy measured
+            else _strided_cell(row)
+        )
         for row in found["rows"]
     )
     return "\n".join(lines) + "\n"
