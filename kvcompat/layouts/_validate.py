@@ -174,6 +174,11 @@ def check_buffer(spec: LayoutSpec, buf: object, page_size: int) -> int:
     return int(buf.shape[0]) * per_row
 
 
+_FEW = 64
+"""Up to this many locations are checked on the host from one copy (cheaper than the
+tensor reductions, and still one host read)."""
+
+
 def check_loc(
     loc: object,
     *,
@@ -215,9 +220,21 @@ def check_loc(
         )
         raise error(msg)
     loc64 = loc.to(torch.int64)
-    if loc64.numel() == 0:
+    count = loc64.numel()
+    if count == 0:
         return loc64
-    low, high = torch.stack(torch.aminmax(loc64)).tolist()
+    repeats = False
+    if count <= _FEW:  # a few locations: one copy to the host, the checks in Python
+        values = loc64.tolist()
+        low, high = min(values), max(values)
+        repeats = unique and len(set(values)) != count
+    elif unique:  # one host read of the range and the duplicate flag together
+        ordered = loc64.sort().values
+        flags = torch.stack((*torch.aminmax(loc64), (ordered[1:] == ordered[:-1]).any().long()))
+        low, high, repeated_flag = flags.tolist()
+        repeats = bool(repeated_flag)
+    else:
+        low, high = torch.stack(torch.aminmax(loc64)).tolist()
     if low < 0 or high >= capacity:
         bad = loc64[(loc64 < 0) | (loc64 >= capacity)]
         msg = (
@@ -225,7 +242,7 @@ def check_loc(
             f"Hint: the buffer holds {capacity} token slots."
         )
         raise error(msg)
-    if unique:
+    if repeats:
         ordered = loc64.sort().values
         repeated = ordered[1:][ordered[1:] == ordered[:-1]]
         if repeated.numel():

@@ -266,3 +266,30 @@ def test_random_bad_writes_change_nothing(
         quantize(spec, values, buf, loc, PAGE)
     for tensor, snapshot in zip((buf, loc, values), snapshots, strict=True):
         assert torch.equal(as_bytes(tensor), snapshot)
+
+
+@pytest.mark.parametrize("count", [1, 63, 64, 65, 300])
+@pytest.mark.parametrize("fault", ["none", "repeat", "low", "high"])
+def test_location_checks_agree_below_and_above_the_host_path_threshold(
+    count: int, fault: str
+) -> None:
+    """Few locations are checked from one host copy, many by tensor reductions: same verdicts."""
+    from kvcompat import WriteError
+    from kvcompat.layouts._validate import check_loc
+
+    loc = torch.randperm(1000)[:count]
+    if fault == "repeat" and count > 1:
+        loc[-1] = loc[0]
+    elif fault == "low":
+        loc[count // 2] = -1
+    elif fault == "high":
+        loc[count // 2] = 1000
+    bad = fault in ("low", "high") or (fault == "repeat" and count > 1)
+    for unique in (True, False):
+        expect_error = fault in ("low", "high") or (bad and unique)
+        if expect_error:
+            with pytest.raises(WriteError, match=r"outside|repeats"):
+                check_loc(loc, capacity=1000, device=loc.device, error=WriteError, unique=unique)
+        else:
+            got = check_loc(loc, capacity=1000, device=loc.device, error=WriteError, unique=unique)
+            assert torch.equal(got, loc)
