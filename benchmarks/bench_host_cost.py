@@ -116,6 +116,45 @@ def report(best: dict[str, float]) -> list[dict[str, object]]:
     return rows
 
 
+def multi_layer(tokens: int, batches: int, calls: int, layers: int = 61) -> list[dict[str, object]]:
+    """A read and a write of every layer of a ``layers``-layer MHA pool: loop vs one call."""
+    native = ReferenceMHATokenToKVPool(
+        size=4096, page_size=16, head_num=8, head_dim=128, layer_num=layers
+    )
+    pool = kvcompat.adapt(native)
+    g = torch.Generator().manual_seed(1)
+    loc = torch.randperm(4096, generator=g)[:tokens]
+    keys = torch.randn(layers, tokens, 8, 128, generator=g).to(torch.bfloat16)
+    values = keys.clone()
+    ids = pool.layer_ids
+    step = pool.plan()
+
+    def loop_read() -> None:
+        for layer in ids:
+            pool.read(layer, loc)
+
+    def loop_write() -> None:
+        for i, layer in enumerate(ids):
+            pool.write(layer, loc, keys[i], values[i])
+
+    cases = {
+        "read loop": loop_read,
+        "read plan": lambda: step.read(loc),
+        "write loop": loop_write,
+        "write plan": lambda: step.write(loc, keys, values),
+    }
+    best = dict.fromkeys(cases, float("inf"))
+    for fn in cases.values():
+        fn()
+    for _ in range(batches):
+        for name, fn in cases.items():
+            best[name] = min(best[name], _per_call_us(fn, max(1, calls // layers)))
+    return [
+        {"pool": "mha", "layers": layers, "tokens": tokens, "case": name, "us": round(us, 1)}
+        for name, us in best.items()
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8)
@@ -144,8 +183,15 @@ def main() -> None:
             f"{row['torch_us']:>10.1f}{row['ratio']:>7.1f}{row['target_us']:>11.1f}  "
             f"{'yes' if row['met'] else 'NO'}"
         )
+    multi = multi_layer(args.tokens, args.batches, args.calls)
+    print(
+        f"\nevery layer of a {multi[0]['layers']}-layer MHA pool, validated, {args.tokens} tokens:"
+    )
+    for row in multi:
+        print(f"  {row['case']:<11}{row['us']:>10.1f} us")
     if args.json is not None:
         payload = {
+            "multi_layer": multi,
             "benchmark": "bench_host_cost",
             "torch": torch.__version__,
             "python": platform.python_version(),

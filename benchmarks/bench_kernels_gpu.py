@@ -11,8 +11,9 @@ tokens, each layout, read (gather-dequantize) and write (quantize-scatter), it t
   ``dequantize_k_cache_paged_dsv4``, the DSA reader, and for V4 writes its Triton store
   ``triton_fused_store_flashmla`` (SGLang's ROCm path; on an NVIDIA GPU it runs with
   e4m3fn, a same-shaped fused store, though its scale bytes are the log2-based ones of
-  the ROCm flavour); put the ``.device/kvlayouts`` stand-ins on ``PYTHONPATH``, see its
-  README,
+  the ROCm flavour): put a kernel-only tree of the SGLang wheel on ``PYTHONPATH``, which
+  ``python tests/gpu_matrix.py build .device-a 0.5.23`` builds from the wheel (on a
+  machine with network; carry ``.device-a`` to the GPU machine),
 
 and prints GB/s (bytes read + written: each token's row and written scale bytes, the bf16
 values and the 8-byte location, once) and the kernel's share of copy bandwidth.
@@ -27,7 +28,7 @@ the kernel timed the same eager way: it adds the host cost of a Triton launch (a
 ``--sweep`` first tries launch settings per kernel family at the largest n; ``--diag``
 prints host and GPU microseconds per small call::
 
-    PYTHONPATH=.device/kvlayouts/sgl:. python benchmarks/bench_kernels_gpu.py \\
+    PYTHONPATH=.device-a/sgl-0.5.23:. python benchmarks/bench_kernels_gpu.py \\
         [--sizes 4096 65536 1048576] [--reps 15] [--sweep] [--diag] [--json results.json] \\
         [--sorted] [--layouts v4 v41_new ...]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from kvcompat.adapters import sglang
@@ -65,10 +66,43 @@ def refused_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def layers_gpu_table(data: Path) -> str:
+    """The multi-layer benchmark's figures, from the committed JSON (or what is owed)."""
+    source = data / "layers-gpu.json"
+    if not source.exists():
+        return (
+            "No GPU figures are committed yet: `docs/_data/layers-gpu.json` is written by "
+            "the command above on a CUDA device.\n"
+        )
+    found = json.loads(source.read_text())
+    machine = found["machine"]
+    header = (
+        f"{machine['gpu']}, driver {machine['driver']}, torch {machine['torch']}, "
+        f"triton {machine['triton']}; `{found['command']}`."
+    )
+    lines = [
+        header,
+        "",
+        "| pool | layers x tokens | op | implementation | timing | us | GB/s | share of copy |",
+        "|---|---|---|---|---|---:|---:|---:|",
+    ]
+    lines.extend(
+        f"| {row['pool']} | {row['layers']} x {row['tokens']} | {row['op']} | "
+        f"{row['impl']} | {row['time']} | {row['us']:.1f} | {row['GBps']:.1f} | "
+        f"{100 * row['share_of_copy']:.1f} % |"
+        for row in found["rows"]
+    )
+    return "\n".join(lines) + "\n"
+
+
 def write_generated(folder: Path) -> None:
     """Write every generated fragment under ``folder``."""
     folder.mkdir(exist_ok=True)
-    for name, text in (("supported_table.md", supported_table()),):
+    data = folder.parent / "_data"
+    for name, text in (
+        ("supported_table.md", supported_table()),
+        ("layers-gpu.md", layers_gpu_table(data)),
+    ):
         target = folder / name
         if not target.exists() or target.read_text() != text:
             target.write_text(text)

@@ -45,6 +45,7 @@ autodoc_mock_imports = ["triton"]
 write_generated(Path(__file__).resolve().parent / "_generated")
 __import__("_capture_gen").write_capture_table(Path(__file__).resolve().parent / "_generated")
 __import__("_layouts_gen").write_layout_fragments(Path(__file__).resolve().parent / "_generated")
+__import__("_transfer_gen").write_transfer_tables(Path(__file__).resolve().parent / "_generated")
 
 
 # A default value that is a class prints as its repr, "<class 'kvcompat.testing._reference.X'>":

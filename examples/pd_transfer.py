@@ -1,20 +1,26 @@
 """Prefill -> decode across two processes: move two requests' KV pages with NIXL (or Mooncake).
 
 Process A (prefill) fills its pools with kvcompat writes; process B (decode)
-sends A its pools' specs as JSON and its engine metadata; A plans the two
-requests' pages (``request_pages`` on each side: A's slots and B's slots
-differ), transfers them and tells B. B rebuilds the same plan from A's JSON
-spec and checks that its bytes equal A's for exactly those pages, that every
-other byte of its buffers is unchanged, and that ``read`` through kvcompat
-gives A's values.
+sends A its pools' specs as JSON, its engine metadata and its staging area; A
+plans the two requests' pages (``request_pages`` on each side: A's slots and
+B's slots differ) and transfers them. The planner picks the method by request
+shape (``method="auto"``): a plan of many small descriptors is *packed* — A
+gathers every page into one stream, the engine moves it into B's staging area,
+and B's ``engine.receive(plan)`` checks A's commit and scatters — the others go
+page run by page run. B rebuilds each plan from A's JSON spec and checks that
+its bytes equal A's for exactly those pages, that every other byte of its
+buffers is unchanged, and that ``read`` through kvcompat gives A's values.
 
-Pools (all from ``kvcompat.testing``, pure torch): an MHA pool, a DeepSeek-V4
+Pools (all from ``kvcompat.testing``, pure torch): an MHA pool of one-token pages
+(SGLang's default) whose requests sit at scattered slots, as its allocator leaves them —
+thousands of 256-byte ranges, which the planner packs even on a CPU host — a DeepSeek-V4
 packed single-KV pool (V4 layout, 37,440-byte pages), and a sliding-window
 composite whose full pages travel as ``kv`` and whose window pages travel as
 ``state``. ``tests/transfer`` runs the same two processes on SGLang's own
 ``DeepSeekV4TokenToKVPool`` (SWA ring, c4/c128 pools, indexer, compress states).
 
-Run: ``python examples/pd_transfer.py [nixl|mooncake]`` (loopback only).
+Run: ``python examples/pd_transfer.py [nixl|mooncake] [auto|pages|packed]`` (loopback
+only; the second argument overrides the planner's choice).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import ctypes
 import importlib
 import multiprocessing as mp
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -45,18 +52,19 @@ def reference_pools(role: str) -> dict[str, Any]:
 
     prefill = role == "prefill"
     scale = 1 if prefill else 2
-    mha = ReferenceMHATokenToKVPool(256 * scale, 16, layer_num=2, head_num=2, head_dim=64)
+    mha = ReferenceMHATokenToKVPool(512 * scale, 1, layer_num=8, head_num=2, head_dim=64)
+    slots = random.Random(role).sample(range(1, 512 * scale), 256)  # one-token pages, scattered
     v4 = ReferenceDeepSeekV4SingleKVPool(512 * scale, 64, layer_num=2)
     swa = reference_swa_pool(size=64 * scale, size_swa=48)
     if prefill:  # request 1: 40 tokens, request 2: 20 tokens
-        mha_reqs = [Request(range(16, 56)), Request(range(128, 148))]
+        mha_reqs = [Request(slots[:160]), Request(slots[160:])]
         v4_reqs = [Request(range(64, 168)), Request(range(320, 340))]
         swa_reqs = [
             Request(range(32), swa_locs=range(16, 32)),
             Request(range(32, 48), swa_locs=range(16)),
         ]
     else:
-        mha_reqs = [Request(range(160, 200)), Request(range(48, 68))]
+        mha_reqs = [Request(slots[:160]), Request(slots[160:])]
         v4_reqs = [Request(range(640, 744)), Request(range(20))]
         swa_reqs = [
             Request(range(64, 96), swa_locs=range(32, 48)),
@@ -167,8 +175,8 @@ def load(builder: str, role: str) -> dict[str, Any]:
 # -- the two processes ----------------------------------------------------------------------
 
 
-def prefill(conn: Any, builder: str, engine_kind: str, timeout: float) -> None:
-    """Process A: fill, receive B's specs and metadata, plan, transfer, report."""
+def prefill(conn: Any, builder: str, engine_kind: str, timeout: float, method: str) -> None:
+    """Process A: fill, exchange specs and metadata with B, plan, transfer, report."""
     import torch
 
     from kvcompat.transfer import merge_pages, plan_transfer, pool_spec, request_pages
@@ -181,26 +189,36 @@ def prefill(conn: Any, builder: str, engine_kind: str, timeout: float) -> None:
     try:
         for pool, _ in cases.values():
             engine.register(pool)
-        message = conn.recv()  # {"specs": {name: json}, "pages": {...}, "metadata": bytes}
+        message = conn.recv()  # B's specs, page ids, metadata and staging area
         peer = engine.connect(message["metadata"])
+        pages = {n: merge_pages(request_pages(p, *r)) for n, (p, r) in cases.items()}
         conn.send(
             {
                 "specs": {n: pool_spec(p).to_json() for n, (p, _) in cases.items()},
+                "pages": pages,
                 "metadata": engine.metadata(),
             }
         )
         conn.recv()  # B has loaded our metadata
         report = {}
-        for name, (pool, requests) in cases.items():
-            pages = merge_pages(request_pages(pool, *requests))
+        for name, (pool, _) in cases.items():
             plan = plan_transfer(
-                pool, message["specs"][name], pages=pages, dst_pages=message["pages"][name]
+                pool,
+                message["specs"][name],
+                pages=pages[name],
+                dst_pages=message["pages"][name],
+                method=method,
             )
-            prepared = engine.prepare(plan, peer, chunks=2)
-            engine.transfer(prepared, timeout=timeout)
+            packed = plan.method == "packed"
+            prepared = engine.prepare(
+                plan, peer, chunks=2, staging=message["staging"] if packed else None
+            )
+            engine.transfer(prepared, timeout=timeout)  # NIXL: the commit goes as a notification
+            if packed and engine_kind != "nixl":  # Mooncake has none: hand it over ourselves
+                conn.send({"commit": prepared.packed.commit})
+                conn.recv()  # B scattered: its staging area may be written again
             engine.release(prepared)
             report[name] = {
-                "pages": pages,
                 "summary": plan.summary(),
                 "reads": reads(pool, plan, 0),
                 "bytes": {b.label: host_bytes(b.ptr, b.length).clone() for b, _ in plan.pairs},
@@ -211,7 +229,9 @@ def prefill(conn: Any, builder: str, engine_kind: str, timeout: float) -> None:
         engine.close()
 
 
-def decode(conn: Any, out: Any, builder: str, engine_kind: str, timeout: float) -> None:
+def decode(
+    conn: Any, out: Any, builder: str, engine_kind: str, timeout: float, method: str
+) -> None:
     """Process B: register, send specs and page ids, receive, check every byte, tell ``out``."""
     import torch
 
@@ -230,24 +250,26 @@ def decode(conn: Any, out: Any, builder: str, engine_kind: str, timeout: float) 
         for pool, _ in cases.values():
             engine.register(pool)
         pages = {n: merge_pages(request_pages(p, *r)) for n, (p, r) in cases.items()}
+        # one staging area for packed requests, registered before the metadata goes out and
+        # sized for the largest request (a plan of the pool onto itself has its bytes)
+        need = max(plan_transfer(p, p, pages=pages[n]).nbytes for n, (p, _) in cases.items())
+        staging = engine.staging(need)
         conn.send(
             {
                 "specs": {n: pool_spec(p).to_json() for n, (p, _) in cases.items()},
                 "pages": pages,
                 "metadata": engine.metadata(),
+                "staging": staging.to_json(),
             }
         )
         peer_message = conn.recv()
         engine.connect(peer_message["metadata"])
         conn.send("connected")
+        plans = receive_all(conn, engine, cases, peer_message, pages, method, timeout)
         report = conn.recv()
         result = {}
         for name, (pool, _) in cases.items():
-            got = report[name]
-            # The plan again, from A's JSON spec: the remote side needs no live object.
-            plan = plan_transfer(
-                peer_message["specs"][name], pool, pages=got["pages"], dst_pages=pages[name]
-            )
+            got, plan = report[name], plans[name]
             moved = moved_equal = untouched = 0
             for src_buf, dst_buf in plan.pairs:
                 src = got["bytes"][src_buf.label]
@@ -285,7 +307,41 @@ def decode(conn: Any, out: Any, builder: str, engine_kind: str, timeout: float) 
         engine.close()
 
 
-def run(builder: str = BUILDER, engine: str = "nixl", timeout: float = 60.0) -> dict[str, Any]:
+def receive_all(
+    conn: Any,
+    engine: Any,
+    cases: dict[str, Any],
+    peer: dict[str, Any],
+    pages: dict[str, Any],
+    method: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """B's plans, rebuilt from A's JSON specs; packed ones received (checked, scattered)."""
+    from kvcompat.transfer import plan_transfer
+
+    plans = {}
+    for name, (pool, _) in cases.items():
+        # the remote side needs no live object: A's spec and page ids make the same plan
+        plan = plan_transfer(
+            peer["specs"][name],
+            pool,
+            pages=peer["pages"][name],
+            dst_pages=pages[name],
+            method=method,
+        )
+        if plan.method == "packed":  # nothing lands in the pool before this scatters it
+            if engine.engine == "NIXL":
+                engine.receive(plan, timeout=timeout)  # NIXL: the commit is a notification
+            else:
+                engine.receive(plan, commit=conn.recv()["commit"])
+                conn.send("received")
+        plans[name] = plan
+    return plans
+
+
+def run(
+    builder: str = BUILDER, engine: str = "nixl", timeout: float = 60.0, method: str = "auto"
+) -> dict[str, Any]:
     """Start A and B (spawned), wait for B's verdict, stop both by their handles."""
     os.environ.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (inherited by both)
     # no InfiniBand modules on loopback: NIXL 1.5.1's bundled libnl-route crashes (SIGSEGV)
@@ -298,9 +354,11 @@ def run(builder: str = BUILDER, engine: str = "nixl", timeout: float = 60.0) -> 
     if here not in sys.path:
         sys.path.insert(0, here)
     result_end, verdict_end = context.Pipe()
-    a = context.Process(target=prefill, args=(a_end, builder, engine, timeout), name="prefill")
+    a = context.Process(
+        target=prefill, args=(a_end, builder, engine, timeout, method), name="prefill"
+    )
     b = context.Process(
-        target=decode, args=(b_end, verdict_end, builder, engine, timeout), name="decode"
+        target=decode, args=(b_end, verdict_end, builder, engine, timeout, method), name="decode"
     )
     try:
         a.start()
@@ -327,6 +385,7 @@ def run(builder: str = BUILDER, engine: str = "nixl", timeout: float = 60.0) -> 
 
 def main() -> int:
     engine = sys.argv[1] if len(sys.argv) > 1 else "nixl"
+    method = sys.argv[2] if len(sys.argv) > 2 else "auto"
     try:
         if engine == "nixl":
             from kvcompat.transfer import import_nixl
@@ -339,16 +398,17 @@ def main() -> int:
     except ImportError as exc:
         print(f"skipped: {exc}")
         return 0
-    result = run(engine=engine)
-    print(f"prefill -> decode over {engine} (two processes, loopback):")
+    result = run(engine=engine, method=method)
+    print(f"prefill -> decode over {engine} (two processes, loopback), method={method}:")
     ok = True
     for name, facts in result.items():
         summary = facts["summary"]
         good = facts["bytes_equal"] and facts["others_unchanged"] and facts["reads_equal"]
         ok &= good
         print(
-            f"  {name:12s} {summary['pages']:3d} pages in {summary['descriptors']:2d} descriptors "
-            f"{summary['bytes']:>8d} B  bytes equal {facts['bytes_equal']}  "
+            f"  {name:12s} {summary['pages']:4d} pages in {summary['descriptors']:4d} descriptors "
+            f"{summary['bytes']:>8d} B  {summary['method']:6s}  "
+            f"bytes equal {facts['bytes_equal']}  "
             f"other bytes unchanged {facts['others_unchanged']}  "
             f"reads equal {facts['reads_equal']} ({facts['reads']} buffers)"
         )

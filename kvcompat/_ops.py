@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcompat._errors import ImplError, LayoutError
+from kvcompat._errors import ImplError, LayoutError, WriteError
 from kvcompat._protocol import Impl
 from kvcompat.kernels._library import OPS as _KERNEL_OPS
 from kvcompat.kernels._library import empty_read, fresh
 from kvcompat.kernels._select import dispatch, load_launchers
-from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._addressing import byte_rows, row_pitch
 from kvcompat.layouts._codec import PLAIN_CODEC, commit, dequantize_torch, encode_part
 from kvcompat.layouts._lookup import op_key, register_layout, spec_for
 from kvcompat.layouts._validate import (
@@ -60,6 +60,7 @@ from kvcompat.layouts._validate import (
     check_loc,
     check_page_size,
     check_read,
+    check_values,
     resolve_layout,
     span,
     unaliased,
@@ -76,16 +77,24 @@ __all__ = [
     "OPS",
     "BufferPlan",
     "Impl",
+    "LayersPlan",
     "check_impl",
+    "check_layer_loc",
     "check_write",
     "dequantize",
+    "gather_rows_layers",
     "plan_buffer",
+    "plan_layers",
     "quantize",
     "quantize_parts",
     "quantize_planned",
+    "read_layers",
     "read_planned",
     "register_layout",
+    "scatter_rows_layers",
     "spec_for",
+    "write_layer_parts",
+    "write_layers",
 ]
 
 _LAUNCH: list[Any] = []
@@ -150,7 +159,8 @@ def dequantize(
     Args:
         layout: a :class:`LayoutSpec` or anything :func:`get_layout` accepts.
         buf: the pool's per-layer buffer: ``[num_pages, page_bytes]`` for the DeepSeek-V4
-            layouts (uint8 or fp8-typed), ``[rows, ...]`` for token-major rows. Contiguous.
+            layouts (uint8 or fp8-typed), ``[rows, ...]`` for token-major rows. Contiguous,
+            or a view striding only its first dimension (rows further apart than their size).
         loc: 1-D integer tensor of token locations on ``buf``'s device (may repeat).
         page_size: the pool's page size in tokens (ignored for addressing by token-major
             layouts, but still checked to be a positive int).
@@ -410,7 +420,7 @@ class BufferPlan:
     def __init__(self, spec: LayoutSpec, buf: torch.Tensor, capacity: int) -> None:
         self.spec, self.buf, self.capacity = spec, buf, capacity
         self.ptr, self.shape = buf.data_ptr(), buf.shape
-        self.span = (self.ptr, self.ptr + buf.numel() * buf.element_size())  # bytes it spans
+        self.span = span(buf) or (self.ptr, self.ptr)  # the bytes it spans
         raw = byte_rows(buf)
         self.rows = raw.view(spec.output_dtype)  # [capacity, dim] elements: what reads gather
         # What writes store into: the elements (index_copy_ moves 2-byte rows several times
@@ -551,11 +561,567 @@ def quantize_planned(
             mine = span(rows)
             if mine is not None and any(lo < mine[1] and mine[0] < hi for lo, hi in spans):
                 rows = rows.clone(memory_format=torch.contiguous_format)
-            data, _ = spec.codec.encode(spec, rows, fnuz=False)
             target = plan.store  # type: ignore[union-attr]
+            if rows.dtype == target.dtype:  # the stored dtype already: rows are the bytes
+                stores.append((target, loc, rows))
+                continue
+            data, _ = spec.codec.encode(spec, rows, fnuz=False)
             stores.append((target, loc, data.view(target.dtype)))  # the encoded bytes
     commit(stores)
     return None
+
+
+# ------------------------------------------------------------ many layers, one call
+
+
+class LayersPlan:
+    """One layout over the buffers of many layers, checked once for all their calls.
+
+    What :func:`plan_layers` returns and :func:`read_layers` / :func:`write_layers` run:
+    the buffers' geometry is checked when the plan is made, so a call checks only its
+    locations and values, once for every layer. A Triton launch reads a table of the
+    layers' base addresses (made on the first launch and kept), so every layer of the
+    call is one launch; the torch twin runs the same call layer by layer, byte-equal.
+
+    Attributes:
+        spec: the layout every buffer holds.
+        bufs: the layers' buffers, in call order.
+        page_size: the pool's page size in tokens.
+        capacity: token locations each buffer holds (the smallest, if they differ).
+        fnuz: the buffers hold ROCm e4m3fnuz V4 bytes.
+    """
+
+    __slots__ = ("_bases", "bufs", "capacity", "fnuz", "page_size", "ptrs", "spec")
+
+    def __init__(
+        self,
+        spec: LayoutSpec,
+        bufs: tuple[torch.Tensor, ...],
+        page_size: int,
+        capacity: int,
+        *,
+        fnuz: bool,
+    ) -> None:
+        self.spec, self.bufs, self.page_size = spec, bufs, page_size
+        self.capacity, self.fnuz = capacity, fnuz
+        self.ptrs = tuple(buf.data_ptr() for buf in bufs)
+        self._bases: torch.Tensor | None = None
+
+    def holds(self, bufs: Sequence[torch.Tensor]) -> bool:
+        """Whether ``bufs`` are this plan's tensors, over the same memory."""
+        return len(bufs) == len(self.bufs) and all(
+            a is b and a.data_ptr() == ptr
+            for a, b, ptr in zip(bufs, self.bufs, self.ptrs, strict=True)
+        )
+
+    def bases(self) -> torch.Tensor:
+        """The layers' byte offsets from the first buffer, on their device (kept)."""
+        if self._bases is None:
+            self._bases = _launch().layer_bases(self.spec, self.bufs, self.page_size)
+        return self._bases
+
+    def __repr__(self) -> str:
+        return (
+            f"LayersPlan({self.spec.name!r}, layers={len(self.bufs)}, "
+            f"page_size={self.page_size}, capacity={self.capacity})"
+        )
+
+
+def plan_layers(
+    spec: LayoutSpec, bufs: Sequence[torch.Tensor], page_size: int, *, fnuz: bool = False
+) -> LayersPlan:
+    """Check every buffer of a multi-layer call once; the plan its calls run.
+
+    Raises:
+        LayoutError: no buffers, a buffer that does not hold ``spec`` pages of
+            ``page_size`` tokens, or buffers on different devices.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> bufs = [torch.zeros(2, V4.page_bytes(4), dtype=torch.uint8) for _ in range(3)]
+        >>> plan_layers(V4, bufs, 4)
+        LayersPlan('v4', layers=3, page_size=4, capacity=8)
+    """
+    if not bufs:
+        msg = (
+            "a multi-layer call needs at least one layer; received none. "
+            "Hint: pass the layer ids to read, e.g. pool.layer_ids."
+        )
+        raise LayoutError(msg)
+    size = check_page_size(spec, page_size)
+    capacity = min(check_buffer(spec, buf, size) for buf in bufs)
+    device, pitch = bufs[0].device, row_pitch(bufs[0])
+    for buf in bufs:
+        if buf.device != device:
+            msg = (
+                f"every layer's buffer must be on one device; received {device} and "
+                f"{buf.device}. Hint: call once per device."
+            )
+            raise LayoutError(msg)
+        if row_pitch(buf) != pitch:
+            msg = (
+                "every layer's rows must be the same number of bytes apart for one call; "
+                f"received {pitch} and {row_pitch(buf)} (strides {buf.stride()}). Hint: plan "
+                "layers whose buffers have the same strides together."
+            )
+            raise LayoutError(msg)
+    return LayersPlan(spec, tuple(bufs), size, capacity, fnuz=fnuz)
+
+
+def read_layers(
+    plan: LayersPlan,
+    loc: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Read tokens ``loc`` of every layer of ``plan``: ``[layers, n, dim]``, one launch.
+
+    The same bytes as one :func:`dequantize` per layer. ``loc`` is checked once (one host
+    sync); with ``validate=False`` and a pre-allocated ``out`` the Triton path
+    allocates nothing after the first call and can be captured in a CUDA graph.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> spec = mha_layout(1, 2, torch.float32)
+        >>> bufs = [torch.arange(8.0).view(4, 1, 2) + 100 * i for i in range(2)]
+        >>> read_layers(plan_layers(spec, bufs, 1), torch.tensor([3])).tolist()
+        [[[6.0, 7.0]], [[106.0, 107.0]]]
+    """
+    spec, bufs = plan.spec, plan.bufs
+    kernel = dispatch(impl, spec, bufs[0], write=False, fnuz=plan.fnuz)
+    if validate:
+        loc = check_layer_loc(
+            loc, len(bufs), capacity=plan.capacity, device=bufs[0].device, error=LayoutError,
+            unique=False,
+        )  # fmt: skip
+    elif loc.dtype is not torch.int64 and loc.dtype is not torch.int32:
+        loc = loc.long()
+    n = int(loc.shape[-1])
+    shape = (len(bufs), n, spec.dim)
+    if out is not None:
+        _check_out_shape(spec, out, shape, bufs[0].device)
+    if kernel:
+        if out is None:
+            out = torch.empty(shape, dtype=spec.output_dtype, device=bufs[0].device)
+        result: torch.Tensor = _launch().gather_dequantize_layers(
+            spec, bufs, plan.bases(), loc, plan.page_size, out=out, fnuz=plan.fnuz
+        )
+        return result
+    if out is None:
+        out = torch.empty(shape, dtype=spec.output_dtype, device=bufs[0].device)
+    loc64 = loc.long()
+    plain = _plain_rows(spec)
+    for layer, buf in enumerate(bufs):
+        where = loc64[layer] if loc64.dim() == 2 else loc64
+        if plain:
+            torch.index_select(byte_rows(buf).view(spec.output_dtype), 0, where, out=out[layer])
+        else:
+            out[layer].copy_(dequantize_torch(spec, buf, where, plan.page_size, fnuz=plan.fnuz))
+    return out
+
+
+def check_layer_loc(
+    loc: object,
+    layers: int,
+    *,
+    capacity: int,
+    device: torch.device,
+    error: type[LayoutError] | type[WriteError],
+    unique: bool,
+) -> torch.Tensor:
+    """A multi-layer call's ``loc`` as int64, checked once for every layer.
+
+    1-D: the same locations on every layer (:func:`check_loc`). ``[layers, n]``: row ``l``
+    is layer ``l``'s locations (a sparse step's per-layer top-k); every row in range and,
+    with ``unique``, free of repeats within the row.
+
+    Example:
+        >>> import torch
+        >>> check_layer_loc(torch.tensor([[1, 2], [2, 1]]), 2, capacity=4,
+        ...                 device=torch.device("cpu"), error=LayoutError, unique=True).shape
+        torch.Size([2, 2])
+    """
+    if not isinstance(loc, torch.Tensor) or loc.dim() != 2:
+        return check_loc(loc, capacity=capacity, device=device, error=error, unique=unique)
+    if loc.shape[0] != layers:
+        msg = (
+            f"loc must be 1-D (every layer) or [{layers}, n] (one row per layer); received "
+            f"shape {list(loc.shape)}. Hint: stack one row of locations per planned layer."
+        )
+        raise error(msg)
+    flat = check_loc(loc.reshape(-1), capacity=capacity, device=device, error=error, unique=False)
+    rows = flat.view(layers, -1)
+    if unique and rows.shape[1] > 1:
+        ordered = rows.sort(dim=1).values
+        same = ordered[:, 1:] == ordered[:, :-1]
+        if bool(same.any()):
+            layer = int(same.any(dim=1).nonzero()[0, 0])
+            msg = (
+                f"loc repeats a location within row {layer} (layer {layer} of the call): "
+                f"{sorted(set(ordered[layer, 1:][same[layer]].tolist()))[:8]}. A write must name "
+                "each slot of a layer at most once. Hint: deduplicate each row."
+            )
+            raise error(msg)
+    return rows
+
+
+def _check_out_shape(
+    spec: LayoutSpec, out: object, shape: tuple[int, ...], device: torch.device
+) -> None:
+    if (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != shape
+        or out.dtype != spec.output_dtype
+        or out.device != device
+        or not out.is_contiguous()
+    ):
+        got = (
+            f"shape {list(out.shape)}, dtype {out.dtype}, device {out.device}, "
+            f"contiguous={out.is_contiguous()}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        msg = (
+            f"out must be a contiguous {list(shape)} {spec.output_dtype} tensor on "
+            f"{device} for layout {spec.name!r}; received {got}."
+        )
+        raise LayoutError(msg)
+
+
+def write_layers(
+    plan: LayersPlan,
+    loc: torch.Tensor,
+    values: object,
+    *,
+    check_finite: bool = True,
+    validate: bool = True,
+    impl: Impl = "auto",
+) -> None:
+    """Write ``values[l]`` as tokens ``loc`` of layer ``l`` of ``plan`` — all or nothing.
+
+    ``values`` is ``[layers, n, dim]`` (or ``[layers, n, heads, head_dim]``). The same
+    bytes as one :func:`quantize` per layer; ``loc`` and ``values`` are checked once,
+    before any byte moves; the Triton path is one launch, the torch twin encodes every
+    layer first and stores them with one all-or-nothing :func:`commit`.
+
+    Raises:
+        WriteError: bad locations (range, duplicates, dtype, device) or values (shape,
+            dtype, device, non-finite with ``check_finite``); nothing is written.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> bufs = [torch.zeros(1, V4.page_bytes(4), dtype=torch.uint8) for _ in range(2)]
+        >>> plan = plan_layers(V4, bufs, 4)
+        >>> write_layers(plan, torch.tensor([1]), torch.ones(2, 1, 512))
+        >>> read_layers(plan, torch.tensor([1]))[:, 0, 0].tolist()
+        [1.0, 1.0]
+    """
+    write_layer_parts(
+        [(plan, values)], loc, check_finite=check_finite, validate=validate, impl=impl
+    )
+
+
+def write_layer_parts(
+    parts: Sequence[tuple[LayersPlan, object]],
+    loc: torch.Tensor,
+    *,
+    check_finite: bool = True,
+    validate: bool = True,
+    impl: Impl = "auto",
+    what: Sequence[str] = ("key", "value"),
+) -> None:
+    """:func:`write_layers` of several buffer roles at once (keys and values): all or nothing.
+
+    Every part is checked before any byte moves (``loc`` once per capacity); the kernel
+    path launches once per part only when a kernel serves every part; the torch path
+    encodes every layer of every part and stores them with one :func:`commit`.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import mha_layout
+        >>> spec = mha_layout(1, 2, torch.float32)
+        >>> k, v = [torch.zeros(4, 1, 2)], [torch.zeros(4, 1, 2)]
+        >>> parts = [(plan_layers(spec, k, 1), torch.ones(1, 1, 2)),
+        ...          (plan_layers(spec, v, 1), torch.full((1, 1, 2), 2.0))]
+        >>> write_layer_parts(parts, torch.tensor([3]))
+        >>> k[0][3].tolist(), v[0][3].tolist()
+        ([[1.0, 1.0]], [[2.0, 2.0]])
+    """
+    checked: dict[int, torch.Tensor] = {}
+    ready: list[tuple[LayersPlan, torch.Tensor, torch.Tensor]] = []
+    for index, (plan, values) in enumerate(parts):
+        role = what[index] if index < len(what) else f"part {index}"
+        ready.append(_check_layer_part(plan, loc, values, role, checked, check_finite, validate))
+    every = tuple(buf for plan, _, _ in ready for buf in plan.bufs)
+    ready = [(plan, unaliased(rows, every), loc64) for plan, rows, loc64 in ready]
+    kernels = [
+        dispatch(impl, plan.spec, plan.bufs[0], write=True, fnuz=plan.fnuz, values_dtype=rows.dtype)
+        for plan, rows, _ in ready
+    ]
+    if ready and all(kernels):
+        launch = _launch().quantize_scatter_layers
+        for plan, rows, loc64 in ready:
+            launch(plan.spec, rows, plan.bufs, plan.bases(), loc64, plan.page_size, fnuz=plan.fnuz)
+        return
+    stores: list[Store] = []
+    for plan, rows, loc64 in ready:
+        where = loc64.long()
+        spec = plan.spec
+        if _plain_rows(spec) and not plan.fnuz:
+            # Whole rows: store the elements (index_copy_ moves 2-byte rows several times
+            # faster than their bytes), or the bytes of 1-byte elements.
+            for layer, buf in enumerate(plan.bufs):
+                raw = byte_rows(buf)
+                target = raw.view(spec.output_dtype) if spec.output_dtype.itemsize > 1 else raw
+                source = rows[layer]
+                if source.dtype != target.dtype:
+                    source = spec.codec.encode(spec, source, fnuz=False)[0].view(target.dtype)
+                stores.append((target, where[layer] if where.dim() == 2 else where, source))
+            continue
+        for layer, buf in enumerate(plan.bufs):
+            at = where[layer] if where.dim() == 2 else where
+            stores.extend(encode_part(spec, rows[layer], buf, at, plan.page_size, fnuz=plan.fnuz))
+    commit(stores)
+
+
+def _plain_rows(spec: LayoutSpec) -> bool:
+    """Whether ``spec`` is whole token rows of one element type (MHA, MLA): no scales, no pages."""
+    return spec.codec is PLAIN_CODEC and not spec.paged and spec.data_bytes == spec.bytes_per_token
+
+
+def _check_layer_part(
+    plan: LayersPlan,
+    loc: torch.Tensor,
+    values: object,
+    role: str,
+    checked: dict[int, torch.Tensor],
+    check_finite: bool,
+    validate: bool,
+) -> tuple[LayersPlan, torch.Tensor, torch.Tensor]:
+    """``(plan, rows [L, n, dim], loc)`` of one part, checked (``checked``: loc by capacity)."""
+    spec, layers, device = plan.spec, len(plan.bufs), plan.bufs[0].device
+    if not isinstance(values, torch.Tensor):
+        msg = (
+            f"the {role}s must be a [layers, n, dim] torch.Tensor; received "
+            f"{type(values).__name__}. Hint: stack the layers' values, torch.stack([x0, x1])."
+        )
+        raise WriteError(msg)
+    if not validate:
+        n = int(loc.shape[-1])
+        rows = values.reshape(layers, n, spec.dim)
+        return plan, (rows.detach() if rows.requires_grad else rows), loc
+    loc64 = checked.get(plan.capacity)
+    if loc64 is None or loc64.device != device:
+        loc64 = check_layer_loc(
+            loc, layers, capacity=plan.capacity, device=device, error=WriteError, unique=True
+        )
+        checked[plan.capacity] = loc64
+    n = int(loc64.shape[-1])
+    if values.dim() < 2 or values.shape[0] != layers or values.shape[1] != n:
+        msg = (
+            f"the {role}s must hold one block per layer: shape [{layers}, {n}, {spec.dim}] "
+            f"(or [{layers}, {n}, heads, head_dim]); received {list(values.shape)}. "
+            "Hint: torch.stack the layers' values."
+        )
+        raise WriteError(msg)
+    try:
+        flat = check_values(
+            spec, values.reshape(layers * n, *values.shape[2:]), layers * n, device,
+            check_finite=check_finite,
+        )  # fmt: skip
+    except WriteError as exc:
+        msg = f"writing the {role}s of {layers} layers: {exc}"
+        raise WriteError(msg) from None
+    return plan, flat.view(layers, n, spec.dim), loc64
+
+
+# ------------------------------------------------------ raw rows of many buffers (page moves)
+
+
+def _check_row_buffers(bufs: object, what: str) -> tuple[int, int, int]:
+    """``(row_bytes, rows, row_stride)`` of 2-D uint8 row buffers, or LayoutError."""
+    if not isinstance(bufs, (list, tuple)) or not bufs:
+        msg = (
+            f"{what} must be a non-empty list of 2-D uint8 tensors; received "
+            f"{type(bufs).__name__ if not isinstance(bufs, (list, tuple)) else 'an empty list'}. "
+            "Hint: a paged buffer's pages are buf.view(torch.uint8).reshape(num_pages, -1)."
+        )
+        raise LayoutError(msg)
+    first = bufs[0]
+    for i, buf in enumerate(bufs):
+        if (
+            not isinstance(buf, torch.Tensor)
+            or buf.dtype != torch.uint8
+            or buf.dim() != 2
+            or (buf.shape[1] > 1 and buf.stride(1) != 1)
+            or buf.shape[1] != first.shape[1]
+            or buf.stride(0) != first.stride(0)
+            or buf.device != first.device
+        ):
+            got = (
+                f"shape {list(buf.shape)}, strides {list(buf.stride())}, dtype {buf.dtype}, "
+                f"device {buf.device}"
+                if isinstance(buf, torch.Tensor)
+                else type(buf).__name__
+            )
+            msg = (
+                f"{what}[{i}] must be a 2-D uint8 tensor of rows with unit column stride and "
+                f"the same row width, row stride and device as {what}[0] (shape "
+                f"{list(first.shape)}, strides {list(first.stride())}, {first.device}); "
+                f"received {got}."
+            )
+            raise LayoutError(msg)
+    return int(first.shape[1]), min(int(b.shape[0]) for b in bufs), int(first.stride(0))
+
+
+def gather_rows_layers(
+    srcs: Sequence[torch.Tensor],
+    rows: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Copy rows ``rows`` of every buffer in ``srcs`` into ``out[l]``: raw bytes, one launch.
+
+    The raw form of a multi-layer page move (a transfer's pack step): each ``srcs[l]`` is
+    a 2-D uint8 view ``[R, row_bytes]`` (a page per row; the row stride may exceed the row),
+    ``rows`` 1-D integer row indices (may repeat), ``out`` uint8 ``[L, n, row_bytes]``.
+    On CUDA with triton one launch moves every layer; elsewhere one ``index_select`` a
+    layer. Nothing is decoded.
+
+    Raises:
+        LayoutError: bad buffers, rows out of range, or a bad ``out``.
+
+    Example:
+        >>> import torch
+        >>> pages = [torch.arange(12, dtype=torch.uint8).view(3, 4) + 100 * i for i in range(2)]
+        >>> gather_rows_layers(pages, torch.tensor([2, 0]))[1].tolist()
+        [[108, 109, 110, 111], [100, 101, 102, 103]]
+    """
+    check_impl(impl)
+    row_bytes, count, stride = _check_row_buffers(srcs, "srcs")
+    device = srcs[0].device
+    rows = check_loc(rows, capacity=count, device=device, error=LayoutError, unique=False)
+    shape = (len(srcs), int(rows.shape[0]), row_bytes)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.uint8, device=device)
+    elif (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != shape
+        or out.dtype != torch.uint8
+        or out.device != device
+        or not out.is_contiguous()
+    ):
+        got = (
+            f"shape {list(out.shape)}, dtype {out.dtype}"
+            if isinstance(out, torch.Tensor)
+            else (type(out).__name__)
+        )
+        msg = f"out must be a contiguous uint8 {list(shape)} tensor on {device}; received {got}."
+        raise LayoutError(msg)
+    if _rows_kernel(impl, srcs):
+        _launch().copy_rows_layers(
+            srcs[0], _row_bases(srcs), rows, out, row_bytes=row_bytes, row_stride=stride,
+            gather=True, addresses=[s.data_ptr() for s in srcs],
+        )  # fmt: skip
+        return out
+    for layer, src in enumerate(srcs):
+        torch.index_select(src, 0, rows, out=out[layer])
+    return out
+
+
+def scatter_rows_layers(
+    dsts: Sequence[torch.Tensor],
+    rows: torch.Tensor,
+    src: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+    validate: bool = True,
+) -> None:
+    """Copy ``src[l]`` (uint8 ``[L, n, row_bytes]``) into rows ``rows`` of ``dsts[l]``.
+
+    All or nothing.
+
+    The inverse of :func:`gather_rows_layers` (a transfer's unpack step). Everything is
+    checked before any byte moves (rows in range and distinct, ``src``'s shape, dtype
+    and device); on the torch path the stores are one all-or-nothing :func:`commit`.
+
+    Raises:
+        WriteError: bad rows or ``src``; nothing is written.
+        LayoutError: bad buffers.
+
+    Example:
+        >>> import torch
+        >>> pages = [torch.zeros(3, 2, dtype=torch.uint8) for _ in range(2)]
+        >>> src = torch.full((2, 1, 2), 7, dtype=torch.uint8)
+        >>> scatter_rows_layers(pages, torch.tensor([1]), src)
+        >>> pages[1].tolist()
+        [[0, 0], [7, 7], [0, 0]]
+    """
+    check_impl(impl)
+    row_bytes, count, stride = _check_row_buffers(dsts, "dsts")
+    device = dsts[0].device
+    if validate:
+        rows = check_loc(rows, capacity=count, device=device, error=WriteError, unique=True)
+        shape = (len(dsts), int(rows.shape[0]), row_bytes)
+        if (
+            not isinstance(src, torch.Tensor)
+            or tuple(src.shape) != shape
+            or src.dtype != torch.uint8
+            or src.device != device
+        ):
+            got = (
+                f"shape {list(src.shape)}, dtype {src.dtype}, device {src.device}"
+                if isinstance(src, torch.Tensor)
+                else type(src).__name__
+            )
+            msg = f"src must be a uint8 {list(shape)} tensor on {device}; received {got}."
+            raise WriteError(msg)
+    src = unaliased(src, dsts)
+    if _rows_kernel(impl, dsts):
+        _launch().copy_rows_layers(
+            dsts[0], _row_bases(dsts), rows, src.contiguous(), row_bytes=row_bytes,
+            row_stride=stride, gather=False, addresses=[d.data_ptr() for d in dsts],
+        )  # fmt: skip
+        return
+    rows64 = rows.long()
+    commit([(dst, rows64, src[layer]) for layer, dst in enumerate(dsts)])
+
+
+def _rows_kernel(impl: Impl, bufs: Sequence[torch.Tensor]) -> bool:
+    """Whether a raw row move launches the kernel (CUDA, triton importable, or asked for)."""
+    if impl == "torch":
+        return False
+    if impl == "triton":
+        return True
+    if bufs[0].device.type != "cuda":
+        return False
+    try:
+        _launch()
+    except ImportError:
+        return False
+    return True
+
+
+_ROW_BASES: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def _row_bases(bufs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The buffers' byte offsets from the first, on their device (memoised by addresses)."""
+    key = tuple(buf.data_ptr() for buf in bufs)
+    hit = _ROW_BASES.get(key)
+    if hit is None or hit.device != bufs[0].device:
+        if len(_ROW_BASES) > 256:
+            _ROW_BASES.clear()
+        origin = key[0]
+        hit = torch.tensor([p - origin for p in key], dtype=torch.int64).to(bufs[0].device)
+        _ROW_BASES[key] = hit
+    return hit
 
 
 # --------------------------------------------- the custom ops the entry points call when compiling

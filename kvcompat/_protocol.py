@@ -7,7 +7,7 @@ heavier than torch and never imports an engine.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -291,6 +291,39 @@ class KVPoolProtocol(Protocol):
         impl: Impl = "auto",
     ) -> None:
         """Quantize and store keys (and values) at tokens ``loc``, all or nothing."""
+        ...
+
+    def plan(self, layers: Sequence[int] | None = None, /) -> Any:
+        """Several layers planned once (``LayerPlan``): read/write them in one launch."""
+        ...
+
+    def read_layers(
+        self,
+        layers: Sequence[int] | None,
+        loc: torch.Tensor,
+        /,
+        *,
+        out: torch.Tensor | None = None,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> torch.Tensor:
+        """Dense keys ``[layers, n, heads, head_dim]`` of tokens ``loc`` on several layers."""
+        ...
+
+    def write_layers(
+        self,
+        layers: Sequence[int] | None,
+        loc: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor | None = None,
+        /,
+        *,
+        check_finite: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> None:
+        """Store ``key[i]`` (and ``value[i]``) at ``loc`` of layer ``layers[i]``, all or nothing."""
         ...
 
 

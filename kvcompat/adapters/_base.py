@@ -187,3 +187,80 @@ class AdapterBase:
             True
         """
         return self._native
+
+    # -- many layers (plan: LeafAdapter.plan, CompositeAdapter.plan) -------------
+
+    def plan(self, layers: Sequence[int] | None = None, /) -> Any:
+        """Plan reads and writes of several layers at once (``LeafAdapter.plan``).
+
+        Leaf and composite adapters implement it; an adapter class of your own that
+        derives from neither says so here.
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import ReferenceMHATokenToKVPool
+            >>> pool = kvcompat.adapt(ReferenceMHATokenToKVPool(size=16, page_size=1,
+            ...                                                 layer_num=2))
+            >>> pool.plan([1]).layers
+            (1,)
+        """
+        msg = f"{type(self).__name__} does not implement plan(layers)."
+        raise NotImplementedError(msg)
+
+    def read_layers(
+        self,
+        layers: Sequence[int] | None,
+        loc: torch.Tensor,
+        /,
+        *,
+        out: torch.Tensor | None = None,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Literal["auto", "torch", "triton"] = "auto",
+    ) -> torch.Tensor:
+        """Dense keys of tokens ``loc`` on each of ``layers``: ``[layers, n, heads, head_dim]``.
+
+        ``pool.plan(layers).read(loc, ...)``, through a plan the adapter keeps: the same
+        values as one ``read`` per layer, checked once and moved in one launch.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+            >>> pool = kvcompat.adapt(ReferenceDeepSeekV4SingleKVPool(size=128, page_size=64,
+            ...                                                       layer_num=3))
+            >>> pool.read_layers(None, torch.tensor([1, 2])).shape
+            torch.Size([3, 2, 1, 512])
+        """
+        step = self.plan(layers)
+        dense: torch.Tensor = step.read(loc, out=out, wait=wait, validate=validate, impl=impl)
+        return dense
+
+    def write_layers(
+        self,
+        layers: Sequence[int] | None,
+        loc: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor | None = None,
+        /,
+        *,
+        check_finite: bool = True,
+        validate: bool = True,
+        impl: Literal["auto", "torch", "triton"] = "auto",
+    ) -> None:
+        """Store ``key[i]`` (and ``value[i]``) at ``loc`` of layer ``layers[i]`` — all or nothing.
+
+        ``pool.plan(layers).write(loc, key, value, ...)``, through a plan the adapter
+        keeps. Nothing is written unless every layer's part passes its checks.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import ReferenceMLATokenToKVPool
+            >>> pool = kvcompat.adapt(ReferenceMLATokenToKVPool(size=16, page_size=16,
+            ...                                                 layer_num=2))
+            >>> pool.write_layers([0, 1], torch.tensor([3]), torch.ones(2, 1, 1, 576))
+            >>> pool.read(1, torch.tensor([3]))[0, 0, :2].tolist()
+            [1.0, 1.0]
+        """
+        self.plan(layers).write(
+            loc, key, value, check_finite=check_finite, validate=validate, impl=impl
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -14,6 +14,7 @@ from kvcompat._protocol import Impl, KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
 from kvcompat.adapters._leaf import LeafAdapter
+from kvcompat.adapters._multi import layer_tuple
 
 __all__ = ["CompositeAdapter", "CompositeParts"]
 
@@ -288,6 +289,41 @@ class CompositeAdapter(AdapterBase):
         self._part(layer_id).write(
             layer_id, loc, key, value, check_finite=check_finite, validate=validate, impl=impl
         )
+
+    def plan(self, layers: Sequence[int] | None = None, /) -> Any:
+        """Plan several layers at once, on the component that serves them.
+
+        The layers must all be served by one component (each component has its own
+        token space, so one ``loc`` cannot address two of them); ``layers=None`` plans
+        every layer when one component serves them all.
+
+        Raises:
+            LayoutError: the layers span components (the message lists each component's
+                layers; plan ``pool.components[name].plan(ids)`` per component).
+
+        Example:
+            >>> import kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> pool = kvcompat.adapt(reference_swa_pool())
+            >>> pool.plan([1]).layers
+            (1,)
+        """
+        found = layer_tuple(layers, self.layer_ids, self._name)
+        parts = {self._route_names[layer] for layer in found}
+        if len(parts) > 1:
+            groups = {
+                part: [layer for layer in found if self._route_names[layer] == part]
+                for part in sorted(parts)
+            }
+            msg = (
+                f"{self._name}: layers {list(found)} are served by components "
+                f"{', '.join(f'{p!r} (layers {ids})' for p, ids in groups.items())}, whose "
+                "token locations are separate spaces, so one loc cannot address them all.\n"
+                "Hint: plan each component's layers with its own locations: "
+                "pool.components[name].plan(layer_ids)."
+            )
+            raise LayoutError(msg)
+        return self._route[found[0]].plan(found)
 
     def _composite_wait(self, layer_id: int) -> bool:
         """Perform the composite's own wait if it has one; returns whether the part must."""

@@ -41,6 +41,7 @@ from kvcompat.adapters._io import (
     write_rows,
 )
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
+from kvcompat.adapters._multi import LayerPlan, aliases_key, layer_tuple
 from kvcompat.layouts import (
     DSV4_INDEXER_FP4,
     DSV4_INDEXER_FP4_RNE,
@@ -144,6 +145,7 @@ class LeafAdapter(AdapterBase):
     __slots__ = (
         "_component",
         "_keys",
+        "_layer_plans",
         "_layouts",
         "_name",
         "_native",
@@ -191,6 +193,7 @@ class LeafAdapter(AdapterBase):
         self._values: dict[int, tuple[torch.Tensor, int, Any]] = {}
         self._pairs: dict[int, tuple[KVPair, int, Any, Any]] = {}
         self._layouts: dict[int, LayerLayout] = {}
+        self._layer_plans: dict[tuple[int, ...], LayerPlan] = {}
         self._refresh()
 
     # -- table building ---------------------------------------------------------
@@ -682,7 +685,7 @@ class LeafAdapter(AdapterBase):
                     layout=spec, role="value", checked=plans[0],
                 )
             )  # fmt: skip
-        elif value is not None and not _aliases(value, key, spec.value_dim):
+        elif value is not None and not aliases_key(value, key, spec.value_dim):
             where = (
                 "stores keys only"
                 if not self.kind.has_values
@@ -695,6 +698,63 @@ class LeafAdapter(AdapterBase):
             )
             raise WriteError(msg)
         write_rows(plans, page_size, fnuz=spec.fnuz, check_finite=check_finite, impl=impl)
+
+    # -- many layers ------------------------------------------------------------
+
+    def plan(self, layers: Sequence[int] | None = None, /) -> LayerPlan:
+        """Plan reads and writes of several layers at once (every layer when None).
+
+        The layers' buffers, byte layout and geometry are checked here, once; the plan's
+        ``read`` / ``read_kv`` / ``write`` then check only tokens and values, once for
+        all the layers, and move them with one launch per buffer (see
+        ``docs/multi-layer.md``). Keep the plan: it re-plans by itself if the pool's
+        buffers are replaced.
+
+        Raises:
+            LayerOutOfRangeError: a layer the pool does not serve.
+            LayoutError: repeated or non-integer ids, or layers of different layouts.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+            >>> native = ReferenceDeepSeekV4SingleKVPool(size=128, page_size=64, layer_num=3)
+            >>> step = kvcompat.adapt(native).plan()
+            >>> step.layers, step.layout.key.name
+            ((0, 1, 2), 'v4')
+        """
+        found = layer_tuple(layers, self.layer_ids, self._name)
+        hit = self._layer_plans.get(found)
+        if hit is None:
+            hit = LayerPlan(self, found)
+            if len(self._layer_plans) >= 64:
+                self._layer_plans.clear()
+            self._layer_plans[found] = hit
+        return hit
+
+    def _layer_entries(self, layers: Sequence[int]) -> tuple[Any, ...]:
+        """What :meth:`_entries_unchanged` compares: the native entries behind ``layers``."""
+        keys = tuple((self._keys[layer][1], self._keys[layer][2]) for layer in layers)
+        values = tuple(
+            (self._values[layer][1], self._values[layer][2])
+            for layer in layers
+            if layer in self._values and self.value_attr is not None
+        )
+        return keys, values
+
+    def _entries_unchanged(self, entries: tuple[Any, ...]) -> bool:
+        """Whether the native buffer lists still hold the entries a plan was made from."""
+        keys, values = entries
+        try:
+            listing = getattr(self._native, self.source_attr)
+            if any(listing[slot] is not raw for slot, raw in keys):
+                return False
+            if values:
+                listing = getattr(self._native, str(self.value_attr))
+                if any(listing[slot] is not raw for slot, raw in values):
+                    return False
+        except Exception:  # noqa: BLE001 - buffers gone or resized: re-plan (which explains)
+            return False
+        return True
 
     # -- metadata ---------------------------------------------------------------
 
@@ -809,21 +869,6 @@ class LeafAdapter(AdapterBase):
             f"<kvcompat {type(self).__name__} kind={self.kind.value} "
             f"native={type(self._native).__qualname__} layers={describe_ids(self._slots)}>"
         )
-
-
-def _aliases(value: object, key: object, value_dim: int | None) -> bool:
-    """Whether ``value`` is the key itself or (latent pools) its leading-columns view."""
-    if value is key:
-        return True
-    if not isinstance(value, torch.Tensor) or not isinstance(key, torch.Tensor):
-        return False
-    return (
-        value_dim is not None
-        and value.data_ptr() == key.data_ptr()
-        and value.shape[:-1] == key.shape[:-1]
-        and value.shape[-1] == value_dim
-        and value.stride() == key.stride()
-    )
 
 
 class SplitAdapter(LeafAdapter):

@@ -12,13 +12,14 @@ and :func:`kvcompat.layouts.quantize` (``validate=True``) before they call in he
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.kernels import _triton as jit
-from kvcompat.kernels._config import LaunchSettings, launch_settings
+from kvcompat.kernels._config import KernelFamily, LaunchSettings, launch_settings
 from kvcompat.kernels._plan import (
     Plan,
     cached_geometry,
@@ -28,10 +29,23 @@ from kvcompat.kernels._plan import (
     word_bytes,
     write_plan,
 )
+from kvcompat.layouts._addressing import row_pitch
 from kvcompat.layouts._spec import LayoutSpec
 from kvcompat.layouts._validate import check_buffer, check_page_size, resolve_layout
 
-__all__ = ["FORCE_SOFT", "INTERPRETED", "gather_dequantize", "quantize_scatter"]
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = [
+    "FORCE_SOFT",
+    "INTERPRETED",
+    "copy_rows_layers",
+    "gather_dequantize",
+    "gather_dequantize_layers",
+    "layer_bases",
+    "quantize_scatter",
+    "quantize_scatter_layers",
+]
 
 INTERPRETED: bool = type(jit._read_fp8_kernel).__name__ == "InterpretedFunction"
 """Whether this process imported the kernels under ``TRITON_INTERPRET=1``."""
@@ -116,7 +130,12 @@ def _raw(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _check_buf(spec: LayoutSpec, buf: object, page_size: object) -> dict[str, int]:
-    """Host-only buffer checks (fast path first); the page geometry on success."""
+    """Host-only buffer checks (fast path first); the page geometry on success.
+
+    A buffer whose rows (pages, or token rows) sit further apart than their size (a
+    strided view) gets the geometry with ``PAGE_BYTES`` set to that pitch: the kernels
+    address every row from it, so the same compiled kernel serves both.
+    """
     if type(page_size) is int and page_size > 0 and isinstance(buf, torch.Tensor):
         geo = cached_geometry(spec, page_size)
         rows = buf.shape[0] if buf.dim() else 0
@@ -133,7 +152,11 @@ def _check_buf(spec: LayoutSpec, buf: object, page_size: object) -> dict[str, in
     check_buffer(spec, buf, size)  # raises with the full explanation
     _check_device(buf)  # type: ignore[arg-type]
     _check_aligned("buf", buf, _ALIGN)  # type: ignore[arg-type]
-    return cached_geometry(spec, size)
+    geo = cached_geometry(spec, size)
+    pitch = row_pitch(buf)  # type: ignore[arg-type]
+    if pitch and pitch != geo["PAGE_BYTES"]:
+        return {**geo, "PAGE_BYTES": pitch}
+    return geo
 
 
 _KWARGS: dict[tuple[int, LaunchSettings, int, bool], dict[str, object]] = {}
@@ -188,40 +211,68 @@ def gather_dequantize(
     n = loc.shape[0]
     if out is None:
         out = torch.empty((n, spec.dim), dtype=spec.output_dtype, device=buf.device)
-    elif (
-        out.shape != (n, spec.dim)
+    else:
+        _check_dense_out(spec, out, (n, spec.dim), buf.device)
+    _read(plan, geo, buf, loc, out, n, None, 1)
+    return out
+
+
+def _check_dense_out(
+    spec: LayoutSpec, out: torch.Tensor, shape: tuple[int, ...], device: torch.device
+) -> None:
+    if (
+        tuple(out.shape) != shape
         or out.dtype != spec.output_dtype
-        or out.device != buf.device
+        or out.device != device
         or not out.is_contiguous()
     ):
         msg = (
-            f"out must be a contiguous [{n}, {spec.dim}] {spec.output_dtype} tensor on "
-            f"{buf.device}; received shape {list(out.shape)}, dtype {out.dtype}, device "
+            f"out must be a contiguous {list(shape)} {spec.output_dtype} tensor on "
+            f"{device}; received shape {list(out.shape)}, dtype {out.dtype}, device "
             f"{out.device}, contiguous={out.is_contiguous()}."
         )
         raise LayoutError(msg)
-    if n == 0:
-        return out
-    settings = launch_settings(plan.family, None if INTERPRETED else n, plan.launch)
-    grid = (-(-n // settings.block_tokens),)
+
+
+def _read(
+    plan: Plan,
+    geo: dict[str, int],
+    buf: torch.Tensor,
+    loc: torch.Tensor,
+    out: torch.Tensor,
+    n: int,
+    bases: torch.Tensor | None,
+    layers: int,
+) -> None:
+    """Launch ``plan``'s read kernel over ``layers`` layers (``bases``: their offsets)."""
+    if n == 0 or layers == 0:
+        return
+    settings = launch_settings(plan.family, None if INTERPRETED else n * layers, plan.launch)
+    grid = (-(-n // settings.block_tokens), layers)
+    table = loc if bases is None else bases  # not read unless LAYERED
+    layered = bases is not None
+    per_layer = {"LOC_LAYERS": loc.dim() == 2}
     if plan.family == "read_fp4":
         _check_aligned("out", out, 4)
     with _on_device(buf):
         if plan.family == "gather_rows":
-            word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), out.data_ptr())
+            word = word_bytes(
+                int(plan.constants["ROW_BYTES"]), geo["PAGE_BYTES"], buf.data_ptr(), out.data_ptr()
+            )
             jit._copy_rows_kernel[grid](
-                _raw(buf), _raw(out), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
-                **_kwargs(plan, settings, word),
+                _raw(buf), _raw(out), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"],
+                geo["DATA_STRIDE"], **_kwargs(plan, settings, word), LAYERED=layered, **per_layer,
             )  # fmt: skip
         elif plan.family == "read_fp4":
             jit._read_fp4_kernel[grid](
-                out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-            )
+                out, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings),
+                LAYERED=layered, **per_layer,
+            )  # fmt: skip
         else:
             jit._read_fp8_kernel[grid](
-                out, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-            )
-    return out
+                out, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings),
+                LAYERED=layered, **per_layer,
+            )  # fmt: skip
 
 
 def quantize_scatter(
@@ -235,53 +286,207 @@ def quantize_scatter(
 ) -> None:
     """:func:`kvcompat.kernels.quantize_scatter`, eager (no ``torch.compile`` routing)."""
     spec = resolve_layout(spec, fnuz=fnuz)
+    plan = _plan(write_plan(spec, _values_dtype(values), fnuz=fnuz))
+    geo = _check_buf(spec, buf, page_size)
+    loc = _check_loc(loc, buf.device, WriteError)
+    n = loc.shape[0]
+    _check_values(values, n * spec.dim, [n, spec.dim], buf.device)
+    _write(plan, geo, values, buf, loc, n, None, 1)
+
+
+def _values_dtype(values: object) -> torch.dtype:
     dtype = getattr(values, "dtype", None)
     if not isinstance(dtype, torch.dtype):
         msg = f"values must be a torch.Tensor; received {type(values).__name__}."
         raise WriteError(msg)
-    plan = _plan(write_plan(spec, dtype, fnuz=fnuz))
-    geo = _check_buf(spec, buf, page_size)
-    loc = _check_loc(loc, buf.device, WriteError)
-    n = loc.shape[0]
-    if values.numel() != n * spec.dim or values.device != buf.device:
+    return dtype
+
+
+def _check_values(values: torch.Tensor, count: int, shape: list[int], device: torch.device) -> None:
+    if values.numel() != count or values.device != device:
         msg = (
-            f"values must hold [{n}, {spec.dim}] elements on {buf.device}; received shape "
+            f"values must hold {shape} elements on {device}; received shape "
             f"{list(values.shape)} on {values.device}."
         )
         raise WriteError(msg)
-    if n == 0:
+
+
+def _write(
+    plan: Plan,
+    geo: dict[str, int],
+    values: torch.Tensor,
+    buf: torch.Tensor,
+    loc: torch.Tensor,
+    n: int,
+    bases: torch.Tensor | None,
+    layers: int,
+) -> None:
+    """Launch ``plan``'s write kernel over ``layers`` layers (``bases``: their offsets)."""
+    if n == 0 or layers == 0:
         return
     rows = values if values.is_contiguous() else values.contiguous()
     family = launch_family(plan, soft=_soft())
     if plan.family in ("write_fp4", "write_fp4_ue8m0") and rows.data_ptr() % 8:
         rows = rows.clone()  # the FP4 kernels load value pairs as one word
-    settings = launch_settings(family, None if INTERPRETED else n, plan.launch)
-    grid = (-(-n // settings.block_tokens),)
+    settings = launch_settings(family, None if INTERPRETED else n * layers, plan.launch)
+    grid = (-(-n // settings.block_tokens), layers)
+    table = loc if bases is None else bases
+    extra = {"LAYERED": bases is not None, "LOC_LAYERS": loc.dim() == 2}
     with _on_device(buf):
         if plan.family == "scatter_rows":
-            word = word_bytes(int(plan.constants["ROW_BYTES"]), buf.data_ptr(), rows.data_ptr())
+            word = word_bytes(
+                int(plan.constants["ROW_BYTES"]), geo["PAGE_BYTES"], buf.data_ptr(), rows.data_ptr()
+            )
             jit._copy_rows_kernel[grid](
-                rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
-                **_kwargs(plan, settings, word),
+                rows, _raw(buf), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+                **_kwargs(plan, settings, word), **extra,
             )  # fmt: skip
         elif plan.family == "write_plain":
             jit._write_plain_kernel[grid](
-                rows, _raw(buf), loc, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
-                **_kwargs(plan, settings),
+                rows, _raw(buf), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
+                **_kwargs(plan, settings), **extra,
             )  # fmt: skip
-        elif family == "write_fp4_pairs":
-            jit._write_fp4_pairs_kernel[grid](
-                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-            )
-        elif family == "write_fp4":
-            jit._write_fp4_kernel[grid](
-                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-            )
-        elif family == "write_fp4_ue8m0":
-            jit._write_fp4_ue8m0_kernel[grid](
-                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
-            )
         else:
-            jit._write_fp8_kernel[grid](
-                rows, _raw(buf), loc, n, *geo.values(), **_kwargs(plan, settings)
+            kernel = {
+                "write_fp4_pairs": jit._write_fp4_pairs_kernel,
+                "write_fp4": jit._write_fp4_kernel,
+                "write_fp4_ue8m0": jit._write_fp4_ue8m0_kernel,
+            }.get(family, jit._write_fp8_kernel)
+            kernel[grid](
+                rows, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings), **extra
             )
+
+
+# ------------------------------------------------------------------ many layers, one launch
+
+
+def layer_bases(spec: LayoutSpec, bufs: Sequence[torch.Tensor], page_size: int) -> torch.Tensor:
+    """The int64 byte offsets of ``bufs`` from ``bufs[0]``, on their device (host checks only).
+
+    Every buffer must pass the single-layer launch checks (geometry, device, alignment)
+    and sit on one device; the result is what a layered launch reads per layer. Made
+    once per set of buffers (a plan keeps it), so a launch over them costs no copy.
+    """
+    if not bufs:
+        msg = "layers must name at least one layer; received none."
+        raise LayoutError(msg)
+    first = bufs[0]
+    pitch = _check_buf(spec, first, page_size)["PAGE_BYTES"]
+    for buf in bufs:
+        if _check_buf(spec, buf, page_size)["PAGE_BYTES"] != pitch:
+            msg = (
+                "every layer's rows must be the same number of bytes apart for one launch; "
+                f"received {row_pitch(first)} and {row_pitch(buf)}. Hint: plan layers whose "
+                "buffers have the same strides together."
+            )
+            raise LayoutError(msg)
+        if buf.device != first.device:
+            msg = (
+                f"every layer's buffer must be on one device; received {first.device} and "
+                f"{buf.device}."
+            )
+            raise LayoutError(msg)
+    origin = first.data_ptr()
+    offsets = [buf.data_ptr() - origin for buf in bufs]
+    return torch.tensor(offsets, dtype=torch.int64).to(first.device)
+
+
+def _check_layer_loc(
+    loc: object, layers: int, device: torch.device, error: type[ValueError]
+) -> torch.Tensor:
+    """A layered launch's ``loc``: 1-D (every layer) or ``[layers, n]`` (one row a layer)."""
+    if isinstance(loc, torch.Tensor) and loc.dim() == 2:
+        if loc.shape[0] != layers:
+            msg = f"loc must be 1-D or [{layers}, n]; received shape {list(loc.shape)}."
+            raise error(msg)
+        rows = _check_loc(loc.reshape(-1), device, error)
+        return rows.view(layers, -1)
+    return _check_loc(loc, device, error)
+
+
+def gather_dequantize_layers(
+    spec: LayoutSpec,
+    bufs: Sequence[torch.Tensor],
+    bases: torch.Tensor,
+    loc: torch.Tensor,
+    page_size: int,
+    *,
+    out: torch.Tensor,
+    fnuz: bool = False,
+) -> torch.Tensor:
+    """Read tokens ``loc`` of every buffer in ``bufs`` into ``out[l]``: one launch.
+
+    ``bases`` is :func:`layer_bases` of ``bufs``; ``out`` a contiguous
+    ``[len(bufs), n, dim]`` tensor. Host checks only, as :func:`gather_dequantize`.
+    """
+    plan = _plan(read_plan(spec, fnuz=fnuz))
+    geo = _check_buf(spec, bufs[0], page_size)
+    loc = _check_layer_loc(loc, len(bufs), bufs[0].device, LayoutError)
+    n = loc.shape[-1]
+    _check_dense_out(spec, out, (len(bufs), n, spec.dim), bufs[0].device)
+    _read(plan, geo, bufs[0], loc, out, n, bases, len(bufs))
+    return out
+
+
+def quantize_scatter_layers(
+    spec: LayoutSpec,
+    values: torch.Tensor,
+    bufs: Sequence[torch.Tensor],
+    bases: torch.Tensor,
+    loc: torch.Tensor,
+    page_size: int,
+    *,
+    fnuz: bool = False,
+) -> None:
+    """Write ``values[l]`` (``[L, n, dim]``) as tokens ``loc`` of ``bufs[l]``: one launch.
+
+    ``bases`` is :func:`layer_bases` of ``bufs``. Host checks only, as
+    :func:`quantize_scatter`; the caller validated ``loc`` and ``values``.
+    """
+    plan = _plan(write_plan(spec, _values_dtype(values), fnuz=fnuz))
+    geo = _check_buf(spec, bufs[0], page_size)
+    loc = _check_layer_loc(loc, len(bufs), bufs[0].device, WriteError)
+    n = loc.shape[-1]
+    _check_values(values, len(bufs) * n * spec.dim, [len(bufs), n, spec.dim], bufs[0].device)
+    _write(plan, geo, values, bufs[0], loc, n, bases, len(bufs))
+
+
+_ROW_PLANS: dict[tuple[int, bool], Plan] = {}
+
+
+def copy_rows_layers(
+    pool: torch.Tensor,
+    bases: torch.Tensor,
+    rows: torch.Tensor,
+    dense: torch.Tensor,
+    *,
+    row_bytes: int,
+    row_stride: int,
+    gather: bool,
+    addresses: Sequence[int] = (),
+) -> None:
+    """Copy rows ``rows`` of every layer's uint8 rows to ``dense`` ``[L, n, row_bytes]`` or back.
+
+    ``pool`` is the first layer's rows (``row_stride`` bytes apart), ``bases`` the
+    layers' byte offsets from it (:func:`layer_bases`); one launch moves every layer's
+    rows. The caller validated everything (the raw form of a page move); ``addresses``
+    are the layers' row-0 addresses, which the copy's word size must divide.
+    """
+    key = (row_bytes, gather)
+    plan = _ROW_PLANS.get(key)
+    if plan is None:
+        family: KernelFamily = "gather_rows" if gather else "scatter_rows"
+        plan = _ROW_PLANS[key] = Plan(family, {"ROW_BYTES": row_bytes})
+    layers, n = int(bases.shape[0]), int(rows.shape[0])
+    if n == 0 or layers == 0:
+        return
+    _check_device(pool)
+    settings = launch_settings(plan.family, None if INTERPRETED else n * layers, plan.launch)
+    grid = (-(-n // settings.block_tokens), layers)
+    word = word_bytes(row_bytes, row_stride, pool.data_ptr(), dense.data_ptr(), *addresses)
+    src, dst = (pool, dense) if gather else (dense, pool)
+    with _on_device(pool):
+        jit._copy_rows_kernel[grid](
+            src, dst, rows, bases, n, 1, row_stride, 0,
+            **_kwargs(plan, settings, word), LAYERED=True,
+        )  # fmt: skip

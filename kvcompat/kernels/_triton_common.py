@@ -44,17 +44,40 @@ def _token_offsets(
 
 @triton.jit
 def _token_block(
-    loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T: tl.constexpr
+    loc_ptr,
+    bases_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+    BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """This program's ``BLOCK_T`` token indices, which of them exist, and their row offsets.
 
-    Returns ``(tok, live, data_off, scale_off)`` (see :func:`_token_offsets`).
+    Returns ``(tok, live, data_off, scale_off)`` (see :func:`_token_offsets`). With
+    ``LAYERED`` the launch's second grid axis is the layer: the pool offsets are moved by
+    that layer's entry of ``bases_ptr`` (int64 bytes from the launch's buffer pointer to the
+    layer's buffer) and ``tok`` counts dense rows across layers (``layer * n + token``),
+    so every kernel addresses one layer or many with the same body. With ``LOC_LAYERS``
+    each layer reads its own ``n`` locations (``loc`` is ``[layers, n]``).
     """
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     live = tok < n
+    layer = tl.program_id(1).to(tl.int64)  # 0 on a one-layer launch
+    if LOC_LAYERS:
+        loc_ptr += layer * n
     data_off, scale_off = _token_offsets(
         loc_ptr, tok, live, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE
     )
+    if LAYERED:
+        base = tl.load(bases_ptr + layer)
+        data_off += base
+        scale_off += base
+        tok += layer * n
     return tok, live, data_off, scale_off
 
 

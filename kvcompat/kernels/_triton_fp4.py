@@ -35,6 +35,7 @@ def _read_fp4_kernel(
     out_ptr,
     buf_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -47,6 +48,8 @@ def _read_fp4_kernel(
     SOFT: tl.constexpr,
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Dequantize ``NT`` tiles of ``2 * TB`` e2m1 values (one scale byte each) to bf16.
 
@@ -57,7 +60,17 @@ def _read_fp4_kernel(
     out_ptr = out_ptr.to(tl.pointer_type(tl.int32))
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
-        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
+        loc_ptr,
+        bases_ptr,
+        n,
+        PAGE,
+        PAGE_BYTES,
+        DATA_STRIDE,
+        SCALE_BASE,
+        SCALE_STRIDE,
+        BLOCK_T,
+        LAYERED,
+        LOC_LAYERS,
     )
     tile = tl.arange(0, NT)
     mask3 = live[:, None, None]
@@ -134,6 +147,7 @@ def _write_fp4_kernel(
     values_ptr,
     buf_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -144,6 +158,8 @@ def _write_fp4_kernel(
     EVICT: tl.constexpr,
     SOFT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Quantize ``[n, 512]`` rows to e2m1 codes with one e4m3 scale per 16 values.
 
@@ -152,7 +168,17 @@ def _write_fp4_kernel(
     words_ptr = _word_ptr(values_ptr, 8 if IN_KIND == 2 else 4)
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
-        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
+        loc_ptr,
+        bases_ptr,
+        n,
+        PAGE,
+        PAGE_BYTES,
+        DATA_STRIDE,
+        SCALE_BASE,
+        SCALE_STRIDE,
+        BLOCK_T,
+        LAYERED,
+        LOC_LAYERS,
     )
     tile, mask3, within = _fp4_block(live)
     lo, hi = _load_pairs(words_ptr, tok[:, None, None] * 256 + within, mask3, IN_KIND, EVICT)
@@ -261,6 +287,7 @@ def _write_fp4_pairs_kernel(
     values_ptr,
     buf_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -271,6 +298,8 @@ def _write_fp4_pairs_kernel(
     EVICT: tl.constexpr,
     SOFT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """V41_FP4 quantize-scatter of bf16 (``IN_KIND`` 0) or fp16 (1) values, GPU only.
 
@@ -285,7 +314,17 @@ def _write_fp4_pairs_kernel(
     words_ptr = _word_ptr(values_ptr, 4)
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
-        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
+        loc_ptr,
+        bases_ptr,
+        n,
+        PAGE,
+        PAGE_BYTES,
+        DATA_STRIDE,
+        SCALE_BASE,
+        SCALE_STRIDE,
+        BLOCK_T,
+        LAYERED,
+        LOC_LAYERS,
     )
     tile, mask3, within = _fp4_block(live)
     w = tl.load(
@@ -383,6 +422,7 @@ def _write_fp4_ue8m0_kernel(
     values_ptr,
     buf_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -396,6 +436,8 @@ def _write_fp4_ue8m0_kernel(
     EVICT: tl.constexpr,
     SOFT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Quantize ``[n, 2 * NT * TB]`` rows to e2m1 with one power-of-two scale per tile.
 
@@ -409,7 +451,17 @@ def _write_fp4_ue8m0_kernel(
     words_ptr = _word_ptr(values_ptr, 8 if IN_KIND == 2 else 4)
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
-        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
+        loc_ptr,
+        bases_ptr,
+        n,
+        PAGE,
+        PAGE_BYTES,
+        DATA_STRIDE,
+        SCALE_BASE,
+        SCALE_STRIDE,
+        BLOCK_T,
+        LAYERED,
+        LOC_LAYERS,
     )
     tile = tl.arange(0, NT)
     mask3 = live[:, None, None]

@@ -32,6 +32,7 @@ def _read_fp8_kernel(
     out_ptr,
     buf_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -52,6 +53,8 @@ def _read_fp8_kernel(
     SOFT: tl.constexpr,
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Dequantize ``NQ`` e4m3 values in ``NT`` tiles of ``TILE`` (+ a bf16 rope) to bf16.
 
@@ -67,7 +70,17 @@ def _read_fp8_kernel(
         out_ptr = out_ptr.to(tl.pointer_type(tl.int16))
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
-        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
+        loc_ptr,
+        bases_ptr,
+        n,
+        PAGE,
+        PAGE_BYTES,
+        DATA_STRIDE,
+        SCALE_BASE,
+        SCALE_STRIDE,
+        BLOCK_T,
+        LAYERED,
+        LOC_LAYERS,
     )
     tile = tl.arange(0, NT_P2)
     col = tl.arange(0, TILE)
@@ -245,6 +258,7 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     values_ptr,
     buf_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -265,6 +279,8 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     SOFT: tl.constexpr,
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Quantize ``[n, IN_DIM]`` rows per ``TILE``-value tile to e4m3 and scatter them.
 
@@ -280,7 +296,17 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     """
     buf_u8 = _word_ptr(buf_ptr, 1)
     tok, live, data_off, scale_off = _token_block(
-        loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE, BLOCK_T
+        loc_ptr,
+        bases_ptr,
+        n,
+        PAGE,
+        PAGE_BYTES,
+        DATA_STRIDE,
+        SCALE_BASE,
+        SCALE_STRIDE,
+        BLOCK_T,
+        LAYERED,
+        LOC_LAYERS,
     )
     if SPAN > 0 and not SOFT:
         _prefetch_edges(buf_u8, data_off, live, SPAN)

@@ -29,6 +29,7 @@ def _copy_rows_kernel(
     src_ptr,
     dst_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -40,6 +41,8 @@ def _copy_rows_kernel(
     TAIL_C: tl.constexpr,
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Copy ``ROW_WORDS`` words per token: pool row -> dense row (GATHER) or back.
 
@@ -48,7 +51,9 @@ def _copy_rows_kernel(
     """
     src_ptr = _word_ptr(src_ptr, WORD)
     dst_ptr = _word_ptr(dst_ptr, WORD)
-    tok, live, data_off, _ = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T)
+    tok, live, data_off, _ = _token_block(
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS
+    )
     pool_row = data_off // WORD
     dense_row = tok * ROW_WORDS
     main_end: tl.constexpr = ROW_WORDS // BLOCK_C * BLOCK_C
@@ -80,6 +85,7 @@ def _write_plain_kernel(
     values_ptr,
     buf_ptr,
     loc_ptr,
+    bases_ptr,
     n,
     PAGE,
     PAGE_BYTES,
@@ -92,6 +98,8 @@ def _write_plain_kernel(
     SOFT: tl.constexpr,
     EVICT: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr = False,
 ):
     """Cast ``[n, DIM]`` values to the stored dtype and scatter the rows.
 
@@ -99,7 +107,9 @@ def _write_plain_kernel(
     ``ESIZE``-byte integers.
     """
     dst_ptr = _word_ptr(buf_ptr, ESIZE)
-    tok, live, data_off, _ = _token_block(loc_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T)
+    tok, live, data_off, _ = _token_block(
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS
+    )
     pool_row = data_off // ESIZE
     for c0 in tl.static_range(0, DIM, BLOCK_C):
         col = c0 + tl.arange(0, BLOCK_C)

@@ -16,13 +16,62 @@ import torch
 if TYPE_CHECKING:
     from kvcompat.layouts._spec import LayoutSpec
 
-__all__ = ["byte_rows", "gather_rows", "scatter_rows", "scatter_targets", "token_views"]
+__all__ = [
+    "byte_rows",
+    "gather_rows",
+    "row_pitch",
+    "rows_apart",
+    "scatter_rows",
+    "scatter_targets",
+    "token_views",
+]
 
 
 def byte_rows(buf: torch.Tensor) -> torch.Tensor:
-    """The contiguous ``buf`` as a 2-D uint8 view ``[buf.shape[0], row_bytes]``."""
+    """``buf`` as a 2-D uint8 view ``[buf.shape[0], row_bytes]`` (never a copy).
+
+    ``buf`` is contiguous, or its rows are (:func:`rows_apart`): each ``buf[i]`` is
+    contiguous and row ``i`` starts :func:`row_pitch` bytes after row ``i - 1`` - a page
+    (or token row) of a strided view such as a vLLM layer's view of a shared storage.
+    """
     raw = buf if buf.dtype == torch.uint8 else buf.view(torch.uint8)
-    return raw.reshape(buf.shape[0], -1)
+    return raw.view(buf.shape[0], -1)
+
+
+def row_pitch(buf: torch.Tensor) -> int:
+    """Bytes from the start of one row of ``buf`` (a page, or a token row) to the next.
+
+    The row's own size for a contiguous buffer; more for a strided view of a larger
+    storage.
+
+    Example:
+        >>> import torch
+        >>> pages = torch.zeros(4, 3, 100, dtype=torch.uint8)[:, 1]  # every third row
+        >>> row_pitch(pages), row_pitch(pages.contiguous())
+        (300, 100)
+    """
+    if buf.dim() == 0:
+        return 0
+    if buf.shape[0] > 1:
+        return int(buf.stride(0)) * buf.element_size()
+    return int(buf[0].numel()) * buf.element_size() if buf.shape[0] else 0
+
+
+def rows_apart(buf: torch.Tensor) -> bool:
+    """Whether each row of ``buf`` is contiguous and rows do not overlap (pitch >= row).
+
+    What a strided pool buffer must satisfy for kvcompat to address its rows in place.
+    """
+    if buf.dim() < 1:
+        return False
+    expected = 1
+    for size, stride in zip(reversed(buf.shape[1:]), reversed(buf.stride()[1:]), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    if buf.shape[0] <= 1:
+        return True
+    return buf.stride(0) >= expected
 
 
 def token_views(
@@ -64,20 +113,31 @@ def _regions(
     stride) + slot``. Reading and writing whole rows then is one ``index_select`` /
     ``index_copy_`` per region.
     """
-    flat = byte_rows(buf).reshape(-1)
+    flat, pitch = _flat(buf)
     per_row = spec.tokens_per_row(page_size)
-    page_bytes = spec.page_bytes(per_row)
-    data_stride, scale_base, scale_stride = spec.row_addressing(per_row)
-    if per_row == 1:
-        page, slot = loc, None
-    else:
-        page, slot = loc // per_row, loc % per_row
-    data_index = page * (page_bytes // data_stride)
-    scale_index = page * (page_bytes // scale_stride) if spec.scale_bytes else page
-    if slot is not None:
-        data_index = data_index + slot
-        scale_index = scale_index + slot
+    _, scale_base, scale_stride = spec.row_addressing(per_row)
+    if per_row == 1:  # token rows: one row per location, ``pitch`` bytes apart
+        return flat, loc, loc, scale_base, pitch
+    data_stride = spec.row_addressing(per_row)[0]
+    page, slot = loc // per_row, loc % per_row
+    data_index = page * (pitch // data_stride) + slot
+    scale_index = page * (pitch // scale_stride) + slot if spec.scale_bytes else page
     return flat, data_index, scale_index, scale_base, scale_stride
+
+
+def _flat(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A 1-D uint8 view over every byte from ``buf``'s first row to its last, and the pitch."""
+    rows = byte_rows(buf)
+    pitch = row_pitch(rows)
+    extent = (rows.shape[0] - 1) * pitch + rows.shape[1] if rows.shape[0] else 0
+    return rows.as_strided((extent,), (1,), rows.storage_offset()), pitch
+
+
+def _data_stride(spec: LayoutSpec, buf: torch.Tensor, page_size: int) -> int:
+    per_row = spec.tokens_per_row(page_size)
+    if per_row == 1:
+        return row_pitch(buf)
+    return spec.row_addressing(per_row)[0]
 
 
 def gather_rows(
@@ -88,7 +148,7 @@ def gather_rows(
     Returns contiguous uint8 tensors ``[n, data_bytes]`` and ``[n, scale_bytes]``.
     """
     flat, data_index, scale_index, scale_base, scale_stride = _regions(spec, buf, loc, page_size)
-    data_stride, _, _ = spec.row_addressing(spec.tokens_per_row(page_size))
+    data_stride = _data_stride(spec, buf, page_size)
     data_rows = _region_rows(flat, base=0, stride=data_stride, width=spec.data_bytes)
     data = data_rows.index_select(0, data_index)
     if not spec.scale_bytes:
@@ -110,7 +170,7 @@ def scatter_targets(
     ``loc`` must be int64 and in range (validated by the caller).
     """
     flat, data_index, scale_index, scale_base, scale_stride = _regions(spec, buf, loc, page_size)
-    data_stride, _, _ = spec.row_addressing(spec.tokens_per_row(page_size))
+    data_stride = _data_stride(spec, buf, page_size)
     targets = [(_region_rows(flat, base=0, stride=data_stride, width=spec.data_bytes), data_index)]
     written = spec.scale_bytes_written
     if written:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvcompat._errors import LayoutError, WriteError
-from kvcompat.layouts._addressing import byte_rows
+from kvcompat.layouts._addressing import byte_rows, row_pitch, rows_apart
 from kvcompat.layouts._registry import get_layout
 from kvcompat.layouts._spec import Encoding, SegmentRole
 
@@ -138,11 +138,13 @@ def check_buffer(spec: LayoutSpec, buf: object, page_size: int) -> int:
     if not isinstance(buf, torch.Tensor):
         msg = f"buf must be a torch.Tensor; received {type(buf).__name__} for {spec.name!r}."
         raise LayoutError(msg)
-    if buf.dim() < 1 or not buf.is_contiguous():
+    if buf.dim() < 1 or not rows_apart(buf):
         msg = (
-            f"buf for layout {spec.name!r} must be a contiguous tensor of at least one "
-            f"dimension; received shape {tuple(buf.shape)} with strides {buf.stride()}. "
-            "Hint: pass the pool's per-layer buffer itself (kv_buffer[i]), not a strided view."
+            f"buf for layout {spec.name!r} must be a tensor of at least one dimension whose "
+            "rows (pages, or token rows) are each contiguous and do not overlap; received "
+            f"shape {tuple(buf.shape)} with strides {buf.stride()}. "
+            "Hint: pass the pool's per-layer buffer itself (kv_buffer[i]) or a view that "
+            "only strides its first dimension."
         )
         raise LayoutError(msg)
     row_bytes = byte_rows(buf).shape[1] if buf.numel() else 0
@@ -156,6 +158,19 @@ def check_buffer(spec: LayoutSpec, buf: object, page_size: int) -> int:
             "Hint: check the layout and that page_size is the pool's page_size."
         )
         raise LayoutError(msg)
+    pitch = row_pitch(buf)
+    if per_row > 1 and pitch != expected:
+        data_stride, _, scale_stride = spec.row_addressing(per_row)
+        if pitch % data_stride or (spec.scale_bytes and pitch % scale_stride):
+            msg = (
+                f"buf's pages are {pitch} bytes apart, which layout {spec.name!r} cannot "
+                f"address: a strided page view must place pages a multiple of "
+                f"{data_stride} bytes apart (its token rows)"
+                + (f" and of {scale_stride} (its scale rows)" if spec.scale_bytes else "")
+                + f"; received strides {buf.stride()}. Hint: pass the pages of one "
+                "layer as they sit in the pool's storage."
+            )
+            raise LayoutError(msg)
     return int(buf.shape[0]) * per_row
 
 

@@ -27,8 +27,10 @@ Example:
 
 from __future__ import annotations
 
+from kvcompat.transfer._direct import CudaIpcPeer, export_cuda_ipc
 from kvcompat.transfer._engine import Operation, PreparedTransfer
 from kvcompat.transfer._errors import TransferError, TransferPlanError
+from kvcompat.transfer._layout import PackBatch, PackLayout, StagingSpec
 from kvcompat.transfer._mooncake import MooncakeEngine, import_mooncake
 from kvcompat.transfer._nixl import NixlEngine, import_nixl
 from kvcompat.transfer._plan import (
@@ -45,17 +47,22 @@ from kvcompat.transfer._spec import BufferSpec, ComponentSpec, PoolSpec, pool_sp
 __all__ = [
     "BufferSpec",
     "ComponentSpec",
+    "CudaIpcPeer",
     "Descriptor",
     "MooncakeEngine",
     "NixlEngine",
     "Operation",
+    "PackBatch",
+    "PackLayout",
     "PoolSpec",
     "PreparedTransfer",
     "Request",
     "Run",
+    "StagingSpec",
     "TransferError",
     "TransferPlan",
     "TransferPlanError",
+    "export_cuda_ipc",
     "import_mooncake",
     "import_nixl",
     "merge_pages",

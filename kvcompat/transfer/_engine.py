@@ -34,10 +34,12 @@ class PreparedTransfer:
         peer: the peer's name (NIXL agent name, Mooncake session id).
         op: ``"WRITE"`` (push from the local source) or ``"READ"`` (pull into the local
             destination).
-        chunks: descriptor index ranges, one engine request each.
+        chunks: descriptor index ranges, one engine request each (a packed plan: one
+            range per staging chunk, over chunk numbers).
         handles: the engine's request handles, one per chunk.
         lists: the engine's prepared descriptor lists (released with the transfer).
         runs: how many times it was run.
+        packed: for a packed plan, its staging chunks and slots (and the last commit).
 
     Example:
         >>> from kvcompat.transfer import PreparedTransfer
@@ -53,6 +55,7 @@ class PreparedTransfer:
     lists: list[Any] = field(default_factory=list)
     runs: int = 0
     released: bool = False
+    packed: Any = None
 
     @property
     def nbytes(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -23,7 +24,17 @@ from kvcompat.transfer._engine import (
     chunk_ranges,
     transfer_error,
 )
-from kvcompat.transfer._errors import TransferError
+from kvcompat.transfer._errors import TransferError, TransferPlanError
+from kvcompat.transfer._layout import StagingSpec
+from kvcompat.transfer._packed import (
+    StagingAreas,
+    check_engine_plan,
+    packed_run,
+    receive_area,
+    receive_packed,
+    send_packed,
+    staging_spec,
+)
 from kvcompat.transfer._plan import TransferPlan, regions_of
 from kvcompat.transfer._spec import pool_spec
 
@@ -85,6 +96,8 @@ class MooncakeEngine(EngineBase):
         self.name = self.session_id
         self._regions: list[tuple[int, int, int]] = []
         self._prepared: list[PreparedTransfer] = []
+        self._staging = StagingAreas(self._register_area, self._deregister_area)
+        self._unpackers: dict[Any, Any] = {}  # receive(): views per layout, made once
         self._closed = False
 
     def register(self, pool: Any) -> list[tuple[int, int, int]]:
@@ -117,6 +130,32 @@ class MooncakeEngine(EngineBase):
         self._check_open()
         return metadata.decode() if isinstance(metadata, bytes) else str(metadata)
 
+    def staging(self, nbytes: int, *, device: str = "cpu") -> StagingSpec:
+        """The receive staging area of ``device`` (at least ``nbytes``), registered once.
+
+        As :meth:`NixlEngine.staging <kvcompat.transfer.NixlEngine.staging>`; send its
+        ``to_json()`` to the sender, which passes it to :meth:`prepare` (``staging=``).
+        """
+        self._check_open()
+        return staging_spec(self._staging.area("receive", device, nbytes))
+
+    def _register_area(self, tensor: Any) -> Any:
+        region = (tensor.data_ptr(), tensor.numel(), 0)
+        code = self._engine.batch_register_memory([region[0]], [region[1]])
+        if code != 0:
+            msg = f"Mooncake could not register a {region[1]} B staging area: code {code}."
+            raise TransferError(msg)
+        self._regions.append(region)
+        return region
+
+    def _deregister_area(self, region: Any) -> None:
+        if region in self._regions:
+            self._regions.remove(region)
+            self._engine.batch_unregister_memory([region[0]])
+
+    def _spans(self) -> list[tuple[int, int]]:
+        return [(ptr, length) for ptr, length, _dev in self._regions]
+
     def prepare(
         self,
         plan: TransferPlan,
@@ -125,6 +164,8 @@ class MooncakeEngine(EngineBase):
         op: str = "WRITE",
         chunks: int = 1,
         max_batch: int = 512,
+        staging: StagingSpec | str | bytes | Mapping[str, Any] | None = None,
+        chunk_bytes: int | None = None,
     ) -> PreparedTransfer:
         """Split the plan's address lists into ``chunks`` batches once; reuse them.
 
@@ -136,15 +177,34 @@ class MooncakeEngine(EngineBase):
             max_batch: at most this many descriptors per batch (more batches when the
                 plan has more): over TCP, one batch of 4,096 descriptors overflows the
                 engine's lane queue ("queue-full rejection") and fails as a whole.
+            staging: a packed plan only: the receiver's :meth:`staging` spec (or its JSON).
+            chunk_bytes: a packed plan only: bytes per staging chunk (default 16 MiB).
         """
         self._check_open()
         operation = check_op(op)
+        check_engine_plan(plan, self.engine)
         if "VRAM" in (plan.src_mem, plan.dst_mem):
             msg = (
                 "MooncakeEngine over the non-CUDA wheel moves host memory only; this plan "
                 f"moves {plan.src_mem} to {plan.dst_mem}.\nHint: use NixlEngine for GPU memory."
             )
             raise TransferError(msg)
+        if plan.method == "packed":
+            if operation != "WRITE":
+                msg = "a packed plan is pushed by its sender (op='WRITE'); READ needs 'pages'."
+                raise TransferPlanError(msg)
+            run = packed_run(
+                plan,
+                staging,
+                chunk_bytes,
+                self._spans(),
+                lambda device, n: self._staging.area("send", device, n),
+                engine=self.engine,
+            )
+            ranges = tuple(range(i, i + 1) for i in range(len(run.sizes)))
+            packed = PreparedTransfer(plan, peer, "WRITE", ranges, packed=run)
+            self._prepared.append(packed)
+            return packed
         pushing = operation == "WRITE"
         local = [d.src if pushing else d.dst for d in plan.descriptors]
         remote = [d.dst if pushing else d.src for d in plan.descriptors]
@@ -185,6 +245,28 @@ class MooncakeEngine(EngineBase):
             if prepared.op == "WRITE"
             else self._engine.batch_transfer_sync_read
         )
+        if prepared.packed is not None:
+            run = prepared.packed
+
+            def post(chunk: int, slot: int) -> str:
+                local = [run.slots[slot].data_ptr()]
+                remote = [run.remote.ptr + run.offsets[chunk]]
+                code = self._engine.batch_transfer_sync_write(
+                    prepared.peer, local, remote, [run.sizes[chunk]]
+                )
+                return "DONE" if code == 0 else "ERR"
+
+            send_packed(
+                prepared.plan,
+                run,
+                post,
+                lambda _chunk: "DONE",
+                timeout=timeout,
+                engine=self.engine,
+                peer=prepared.peer,
+            )
+            prepared.runs += 1
+            return
         deadline = time.monotonic() + timeout
         done: list[int] = []
         for chunk, (local, remote, lengths) in enumerate(prepared.handles):
@@ -197,6 +279,26 @@ class MooncakeEngine(EngineBase):
                 raise transfer_error(prepared, done, reason, engine=self.engine)
             done.append(chunk)
         prepared.runs += 1
+
+    def receive(self, plan: TransferPlan, *, commit: bytes) -> str:
+        """Receiving side of a packed plan: check the sender's commit, then scatter.
+
+        Mooncake has no notifications: the sender's :meth:`transfer` leaves the commit
+        in ``prepared.packed.commit``; send it here over your own channel, after the
+        sender's transfer returned. The sender must not run another packed transfer
+        into this staging area before this returns.
+
+        Returns:
+            The run id of the commit.
+
+        Raises:
+            TransferError: a commit for another layout; the pool is unchanged.
+        """
+        self._check_open()
+        staging = receive_area(plan, self._staging)
+        return receive_packed(
+            plan, self._spans(), staging, commit, engine=self.engine, cache=self._unpackers
+        )
 
     def release(self, prepared: PreparedTransfer) -> None:
         """Forget a prepared transfer (idempotent)."""
@@ -212,6 +314,8 @@ class MooncakeEngine(EngineBase):
         self._closed = True
         for prepared in list(self._prepared):
             self.release(prepared)
+        self._staging.close()
+        self._unpackers.clear()
         if self._regions:
             self._engine.batch_unregister_memory([r[0] for r in self._regions])
             self._regions.clear()

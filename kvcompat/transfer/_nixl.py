@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import time
 from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,21 @@ from kvcompat.transfer._engine import (
     transfer_error,
 )
 from kvcompat.transfer._errors import TransferError, TransferPlanError
+from kvcompat.transfer._layout import StagingSpec
+from kvcompat.transfer._packed import (
+    ACK_PREFIX,
+    COMMIT_PREFIX,
+    StagingAreas,
+    ack_message,
+    check_engine_plan,
+    packed_error,
+    packed_run,
+    receive_area,
+    receive_packed,
+    run_of,
+    send_packed,
+    staging_spec,
+)
 from kvcompat.transfer._plan import TransferPlan, regions_of
 from kvcompat.transfer._spec import pool_spec
 
@@ -141,6 +157,12 @@ class NixlEngine(EngineBase):
         self._regions: set[tuple[str, int, int, int]] = set()
         self._peers: list[str] = []
         self._prepared: list[PreparedTransfer] = []
+        self._staging = StagingAreas(self._register_area, self._deregister_area)
+        self._unpackers: dict[Any, Any] = {}  # receive(): views per layout, made once
+        self._backlog: dict[str, list[bytes]] = {}
+        self._commits: list[tuple[str, bytes]] = []
+        self._acks: set[str] = set()
+        self._unacked: dict[tuple[str, int], str] = {}
         self._closed = False
 
     # -- set-up --------------------------------------------------------------------------
@@ -194,10 +216,50 @@ class NixlEngine(EngineBase):
         self._peers.append(name)
         return name
 
+    def staging(self, nbytes: int, *, device: str = "cpu") -> StagingSpec:
+        """The receive staging area of ``device`` (at least ``nbytes``), registered once.
+
+        The receiving side of a packed plan calls it and sends the result's
+        ``to_json()`` to the sender, which passes it to :meth:`prepare`
+        (``staging=``). The area is reused by every later packed transfer and grows
+        (a new registration) when a request needs more. Make it before sending
+        :meth:`metadata`, so the peer's view of this agent includes it.
+        """
+        self._check_open()
+        return staging_spec(self._staging.area("receive", device, nbytes))
+
+    def _register_area(self, tensor: Any) -> Any:
+        mem = "VRAM" if tensor.device.type == "cuda" else "DRAM"
+        device = tensor.device.index or 0
+        region = (tensor.data_ptr(), tensor.numel(), device)
+        try:
+            descs = self._agent.register_memory([(*region, "")], mem)
+        except Exception as exc:
+            msg = f"NIXL could not register a {tensor.numel()} B {mem} staging area: {exc}"
+            raise TransferError(msg) from exc
+        self._regions.add((mem, *region))
+        return (descs, (mem, *region))
+
+    def _deregister_area(self, handle: Any) -> None:
+        descs, region = handle
+        self._regions.discard(region)
+        with contextlib.suppress(Exception):  # best effort: the agent may be closing
+            self._agent.deregister_memory(descs)
+
+    def _spans(self) -> list[tuple[int, int]]:
+        return [(ptr, length) for _mem, ptr, length, _dev in self._regions]
+
     # -- transfers -----------------------------------------------------------------------
 
     def prepare(
-        self, plan: TransferPlan, peer: str, *, op: str = "WRITE", chunks: int = 1
+        self,
+        plan: TransferPlan,
+        peer: str,
+        *,
+        op: str = "WRITE",
+        chunks: int = 1,
+        staging: StagingSpec | str | bytes | Mapping[str, Any] | None = None,
+        chunk_bytes: int | None = None,
     ) -> PreparedTransfer:
         """Prepare both descriptor lists and ``chunks`` transfer requests once; reuse them.
 
@@ -205,16 +267,25 @@ class NixlEngine(EngineBase):
             plan: from :func:`~kvcompat.transfer.plan_transfer`.
             peer: the name :meth:`connect` returned.
             op: ``"WRITE"`` when this process holds ``plan.src`` (push), ``"READ"``
-                when it holds ``plan.dst`` (pull).
+                when it holds ``plan.dst`` (pull). A packed plan is always pushed.
             chunks: engine requests to split the descriptors into; a failure then
-                loses only the chunks that did not complete.
+                loses only the chunks that did not complete (a per-page plan).
+            staging: a packed plan only: the receiver's :meth:`staging` spec (or its
+                JSON).
+            chunk_bytes: a packed plan only: bytes per staging chunk (default 16 MiB);
+                packing chunk *i + 1* overlaps moving chunk *i*.
 
         Raises:
             TransferError: NIXL refused the lists (a region not registered, an
                 unknown peer); nothing moved.
+            TransferPlanError: a packed plan without the receiver's staging area, or
+                one too small for it.
         """
         self._check_open()
         operation = check_op(op)
+        check_engine_plan(plan, self.engine)
+        if plan.method == "packed":
+            return self._prepare_packed(plan, peer, operation, staging, chunk_bytes)
         np = _np()
         pushing = operation == "WRITE"
         local = plan.src_descs() if pushing else plan.dst_descs()
@@ -247,22 +318,183 @@ class NixlEngine(EngineBase):
         self._prepared.append(prepared)
         return prepared
 
+    def _prepare_packed(
+        self,
+        plan: TransferPlan,
+        peer: str,
+        op: str,
+        staging: StagingSpec | str | bytes | Mapping[str, Any] | None,
+        chunk_bytes: int | None,
+    ) -> PreparedTransfer:
+        if op != "WRITE":
+            msg = (
+                "a packed plan is pushed by its sender (op='WRITE'): the receiver cannot "
+                "pull pages the sender has not packed.\nHint: prepare it on the source side, "
+                "or plan with method='pages' to READ."
+            )
+            raise TransferPlanError(msg)
+        run = packed_run(
+            plan,
+            staging,
+            chunk_bytes,
+            self._spans(),
+            lambda device, n: self._staging.area("send", device, n),
+            engine=self.engine,
+        )
+        np = _np()
+        width = run.slots[0].numel()
+        device = run.slots[0].device.index or 0
+        mem = plan.src_mem
+        local = [(run.slots[i % 2].data_ptr(), n, device) for i, n in enumerate(run.sizes)]
+        remote_dev = run.remote.memory[1]
+        remote = [
+            (run.remote.ptr + off, n, remote_dev)
+            for off, n in zip(run.offsets, run.sizes, strict=True)
+        ]
+        prepared = PreparedTransfer(
+            plan, peer, "WRITE", tuple(range(i, i + 1) for i in range(len(run.sizes))), packed=run
+        )
+        try:
+            mine = self._agent.prep_xfer_dlist(
+                "NIXL_INIT_AGENT", np.array(local, dtype=np.uint64).reshape(-1, 3), mem
+            )
+            prepared.lists.append(mine)
+            theirs = self._agent.prep_xfer_dlist(
+                peer, np.array(remote, dtype=np.uint64).reshape(-1, 3), run.remote.memory[0]
+            )
+            prepared.lists.append(theirs)
+            for chunk in range(len(run.sizes)):
+                index = np.array([chunk], dtype=np.int32)
+                prepared.handles.append(
+                    self._agent.make_prepped_xfer("WRITE", mine, index, theirs, index)
+                )
+        except Exception as exc:
+            self.release(prepared)
+            msg = (
+                f"NIXL could not prepare {len(local)} packed chunks of up to {width} B towards "
+                f"{peer!r}: {exc}\nHint: the receiver must make its staging area "
+                "(engine.staging) before sending metadata(), and connect() must have loaded it."
+            )
+            raise TransferError(msg) from exc
+        self._prepared.append(prepared)
+        return prepared
+
+    def _transfer_packed(self, prepared: PreparedTransfer, timeout: float, notify: bytes) -> None:
+        run, peer, handles = prepared.packed, prepared.peer, prepared.handles
+        key = (peer, run.remote.ptr)
+        previous = self._unacked.get(key)
+        if previous is not None:  # the receiver may still be scattering the last request
+            deadline = time.monotonic() + timeout
+            while previous not in self._acks:  # bounded by the deadline
+                self._drain()
+                if previous in self._acks:
+                    break
+                if time.monotonic() > deadline:
+                    why = (
+                        f"the receiver did not acknowledge the previous packed transfer (run "
+                        f"{previous}) into this staging area within {timeout:g} s, so it may "
+                        "still be scattering it (call receive() there)"
+                    )
+                    raise packed_error(prepared.plan, why, engine=self.engine, peer=peer)
+                time.sleep(0.0005)
+            self._acks.discard(previous)
+            del self._unacked[key]
+        message = send_packed(
+            prepared.plan,
+            run,
+            lambda chunk, _slot: str(self._agent.transfer(handles[chunk])),
+            lambda chunk: str(self._agent.check_xfer_state(handles[chunk])),
+            timeout=timeout,
+            engine=self.engine,
+            peer=peer,
+        )
+        prepared.runs += 1
+        try:
+            self._agent.send_notif(peer, message)
+            if notify:
+                self._agent.send_notif(peer, notify)
+        except Exception as exc:
+            why = f"every chunk arrived, but the commit could not be sent: {exc}"
+            raise packed_error(prepared.plan, why, engine=self.engine, peer=peer) from exc
+        self._unacked[key] = run_of(message)
+
+    def receive(
+        self, plan: TransferPlan, *, commit: bytes | None = None, timeout: float = 30.0
+    ) -> str:
+        """Receiving side of a packed plan: wait for the sender's commit, check it, scatter.
+
+        Waits (at most ``timeout`` seconds) for the commit the sender's
+        :meth:`transfer` sends when every chunk arrived in this engine's
+        :meth:`staging` area, checks it against ``plan`` (built here from the sender's
+        spec and the same page ids), then scatters the pages into the pool, one
+        multi-layer scatter per batch, and acknowledges (the sender may then write
+        the staging area again). Until the commit, nothing is written into the pool.
+
+        Returns:
+            The run id of the commit.
+
+        Raises:
+            TransferError: no commit in time, or one for another layout; the pool is
+                unchanged.
+        """
+        self._check_open()
+        staging = receive_area(plan, self._staging)
+        sender = ""
+        if commit is None:
+            deadline = time.monotonic() + timeout
+            pause = 5e-5
+            while not self._commits:  # bounded by the deadline
+                self._drain()
+                if self._commits:
+                    break
+                if time.monotonic() > deadline:
+                    why = f"no commit arrived within {timeout:g} s"
+                    raise packed_error(plan, why, engine=self.engine, peer="any peer")
+                time.sleep(pause)
+                pause = min(1e-3, 2 * pause)
+            sender, commit = self._commits.pop(0)
+        try:
+            return receive_packed(
+                plan, self._spans(), staging, commit, engine=self.engine, cache=self._unpackers
+            )
+        finally:
+            if sender:
+                with contextlib.suppress(Exception):  # the sender may have gone
+                    self._agent.send_notif(sender, ack_message(run_of(commit)))
+
+    def _drain(self) -> None:
+        for name, messages in self._agent.get_new_notifs().items():
+            for raw in messages:
+                message = bytes(raw)
+                if message.startswith(COMMIT_PREFIX):
+                    self._commits.append((str(name), message))
+                elif message.startswith(ACK_PREFIX):
+                    self._acks.add(run_of(message))
+                else:
+                    self._backlog.setdefault(str(name), []).append(message)
+
     def transfer(
         self, prepared: PreparedTransfer, *, timeout: float = 30.0, notify: bytes = b""
     ) -> None:
         """Run a prepared transfer and wait (at most ``timeout`` seconds) until it completes.
 
         ``notify`` is delivered to the peer (see :meth:`notifications`) when the last
-        chunk completes.
+        chunk completes. A packed plan is packed chunk by chunk into two staging slots
+        (packing the next while the engine moves the last) and then committed: the
+        peer's :meth:`receive` scatters it.
 
         Raises:
             TransferError: the engine failed or the wait timed out; it names the pages
-                that arrived and those that did not.
+                that arrived and those that did not (for a packed plan: none arrived in
+                the destination pool, which is unchanged).
         """
         self._check_open()
         if prepared.released:
             msg = "this prepared transfer was released; prepare() the plan again."
             raise TransferError(msg)
+        if prepared.packed is not None:
+            self._transfer_packed(prepared, timeout, notify)
+            return
         handles = list(prepared.handles)
         once = None
         if notify:
@@ -312,8 +544,9 @@ class NixlEngine(EngineBase):
     def notifications(self) -> dict[str, list[bytes]]:
         """Notifications received since the last call, per peer name."""
         self._check_open()
-        found = self._agent.get_new_notifs()
-        return {str(k): [bytes(m) for m in v] for k, v in found.items()}
+        self._drain()
+        found, self._backlog = self._backlog, {}
+        return found
 
     def release(self, prepared: PreparedTransfer) -> None:
         """Release a prepared transfer's handles and lists (idempotent)."""
@@ -336,6 +569,8 @@ class NixlEngine(EngineBase):
         self._closed = True
         for prepared in list(self._prepared):
             self.release(prepared)
+        self._staging.close()
+        self._unpackers.clear()
         for peer in self._peers:
             with contextlib.suppress(Exception):  # the peer may have gone first
                 self._agent.remove_remote_agent(peer)

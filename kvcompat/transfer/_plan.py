@@ -17,6 +17,7 @@ from typing import Any
 
 from kvcompat.inspection import TransferGroup
 from kvcompat.transfer._errors import TransferPlanError
+from kvcompat.transfer._layout import PackLayout, choose_method, pack_layout
 from kvcompat.transfer._spec import BufferSpec, ComponentSpec, PoolSpec, pool_spec
 
 __all__ = [
@@ -107,8 +108,13 @@ class TransferPlan:
     Attributes:
         src, dst: the two pools' specs.
         pairs: the paired buffers ``(source, destination)`` the plan touches.
-        descriptors: the byte ranges to move, in order.
+        descriptors: the byte ranges to move, in order (a packed plan moves the same
+            bytes, but as one stream).
         coalesced: whether contiguous runs were merged.
+        method: ``"pages"`` (the descriptors go to the engine), ``"packed"`` (gathered
+            into one stream, moved, scattered; see ``packing``) or ``"direct"`` (pulled
+            by the receiver through CUDA IPC, batch by batch of ``packing``).
+        packing: where every page sits in the packed stream (None for ``"pages"``).
 
     Example:
         >>> from kvcompat.transfer import plan_transfer
@@ -127,6 +133,8 @@ class TransferPlan:
     pairs: tuple[tuple[BufferSpec, BufferSpec], ...]
     descriptors: tuple[Descriptor, ...]
     coalesced: bool
+    method: str = "pages"
+    packing: PackLayout | None = None
 
     @property
     def nbytes(self) -> int:
@@ -238,6 +246,8 @@ class TransferPlan:
             "descriptors": len(self.descriptors),
             "bytes": self.nbytes,
             "coalesced": self.coalesced,
+            "method": self.method,
+            "gathers": 0 if self.packing is None else len(self.packing.batches),
         }
 
 
@@ -401,13 +411,14 @@ def _check_ids(ids: tuple[int, ...], buf: BufferSpec, side: str, *, unique: bool
         raise TransferPlanError(msg)
 
 
-def _segments(
+def _pair_ids(
     pairs: Sequence[tuple[BufferSpec, BufferSpec]],
     pages: Mapping[str, tuple[int, ...]] | None,
     dst_pages: Mapping[str, tuple[int, ...]] | None,
-) -> list[tuple[int, int, int, Run]]:
-    out: list[tuple[int, int, int, Run]] = []
-    for index, (a, b) in enumerate(pairs):
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """``(source ids, destination ids)`` of every pair, checked."""
+    out = []
+    for a, b in pairs:
         if pages is None:
             if a.items != b.items:
                 msg = (
@@ -428,6 +439,16 @@ def _segments(
             raise TransferPlanError(msg)
         _check_ids(mine, a, "source", unique=False)
         _check_ids(theirs, b, "destination", unique=True)
+        out.append((mine, theirs))
+    return out
+
+
+def _segments(
+    pairs: Sequence[tuple[BufferSpec, BufferSpec]],
+    ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
+) -> list[tuple[int, int, int, Run]]:
+    out: list[tuple[int, int, int, Run]] = []
+    for index, ((a, b), (mine, theirs)) in enumerate(zip(pairs, ids, strict=True)):
         size = a.item_length
         for s, d in zip(mine, theirs, strict=True):
             out.append((a.ptr + s * size, b.ptr + d * size, size, Run(index, s, d, 1)))
@@ -467,6 +488,7 @@ def plan_transfer(
     layers: Iterable[int] | None = None,
     groups: Iterable[Any] | None = None,
     coalesce: bool = True,
+    method: str = "auto",
 ) -> TransferPlan:
     """Plan moving pages (or whole layers) of ``src`` into ``dst``; refuse any mismatch.
 
@@ -489,6 +511,16 @@ def plan_transfer(
         groups: only these transfer groups. Default: the groups named in ``pages``,
             or every group when ``pages`` is None.
         coalesce: merge runs contiguous on both sides into one descriptor.
+        method: ``"auto"`` (the rule below), ``"pages"`` (the engine moves the
+            descriptors), ``"packed"`` (the sender gathers every page into one
+            stream, the engine moves it, the receiver scatters it: see
+            ``engine.prepare(..., staging=...)`` and ``engine.receive``) or
+            ``"direct"`` (both pools CUDA memory of one node: the receiver pulls
+            through CUDA IPC, :class:`CudaIpcPeer`; never chosen by the rule). The rule
+            packs when what the engine would spend per descriptor exceeds what a
+            gather and a scatter pass cost (``docs/transfer.md``, "Packed
+            transfers"): on a GPU a request of tens of small descriptors packs, on
+            a CPU host only thousands of sub-KiB descriptors do.
 
     Returns:
         The :class:`TransferPlan`.
@@ -507,6 +539,8 @@ def plan_transfer(
         (4, 32768)
         >>> plan_transfer(a, b, layers=[1]).pages  # layer 1 whole: 5 pages of K and of V
         10
+        >>> plan.method, plan_transfer(a, b, pages={"kv": [1, 2]}, method="packed").method
+        ('pages', 'packed')
     """
     mine, theirs = pool_spec(src), pool_spec(dst)
     wanted = _normalise(pages, "pages")
@@ -540,12 +574,20 @@ def plan_transfer(
                 "(layers=...)."
             )
             raise TransferPlanError(msg)
-    segments = _segments(pairs, wanted, wanted_dst)
+    ids = _pair_ids(pairs, wanted, wanted_dst)
+    segments = _segments(pairs, ids)
     if coalesce:
         descriptors = _coalesce(segments)
     else:
         descriptors = [Descriptor(s, d, n, (run,)) for s, d, n, run in segments]
-    return TransferPlan(mine, theirs, tuple(pairs), tuple(descriptors), coalesce)
+    merged = descriptors if coalesce else _coalesce(segments)
+    mems = {b.memory[0] for pair in pairs for b in pair}
+    memory = mems.pop() if len(mems) == 1 else "MIXED"
+    chosen_method = choose_method(method, len(merged), sum(d.length for d in merged), memory)
+    packing = None if chosen_method == "pages" else pack_layout(pairs, ids)
+    return TransferPlan(
+        mine, theirs, tuple(pairs), tuple(descriptors), coalesce, chosen_method, packing
+    )
 
 
 # -- which pages a request sends -------------------------------------------------------------

@@ -29,14 +29,14 @@ from kvcompat.layouts import (
 )
 
 GEOMETRY = ("n", "PAGE", "PAGE_BYTES", "DATA_STRIDE", "SCALE_BASE", "SCALE_STRIDE")
-POINTERS = (0, 1, 2)
+POINTERS = (0, 1, 2, 3)
 
 
 def build(kernel: object, first: str, dtype: str, constants: dict[str, object], warps: int) -> int:
-    signature = {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64"}
+    signature = {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
     signature.update(dict.fromkeys(GEOMETRY, "i32"))
     signature.update(dict.fromkeys(constants, "constexpr"))
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (*POINTERS, 5, 6, 7, 8)}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*POINTERS, 6, 7, 8, 9)}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
@@ -45,7 +45,7 @@ def build(kernel: object, first: str, dtype: str, constants: dict[str, object], 
 
 
 def main() -> int:
-    common = {"SOFT": False, "EVICT": "", "BLOCK_T": 4}
+    common = {"SOFT": False, "EVICT": "", "BLOCK_T": 4, "LAYERED": True}
     cases = [
         ("write_fp4_pairs bf16", jit._write_fp4_pairs_kernel, "values_ptr", "*bf16",
          {"IN_KIND": 0, **common}),

@@ -45,11 +45,14 @@ from _kernel_checks import (
     empty_loc,
     every_scale_meets_every_code,
     fp32_scale_rows_any_bits,
+    layered_matches_per_layer,
+    layered_rows_match,
     read_matches_twin,
     refuses_out_of_range,
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
+    strided_matches_contiguous,
     write_matches_twin,
 )
 from hypothesis import given, settings
@@ -230,3 +233,17 @@ def test_fp4_write_of_unaligned_values(spec: LayoutSpec) -> None:
     quantize(spec, values, ours, loc, 4, impl="triton")
     quantize(spec, values, twin, loc, 4, impl="torch")
     assert torch.equal(as_bytes(ours), as_bytes(twin))
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_a_layered_launch_equals_one_twin_call_per_layer(spec: LayoutSpec) -> None:
+    layered_matches_per_layer(spec, 3 if spec.paged else 1, torch.bfloat16, "cpu")
+
+
+def test_layered_raw_rows_on_strided_buffers() -> None:
+    layered_rows_match("cpu")
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_a_strided_view_equals_its_rows_held_contiguously(spec: LayoutSpec) -> None:
+    strided_matches_contiguous(spec, 3 if spec.paged else 1, torch.bfloat16, "cpu", ("triton",))

@@ -287,3 +287,121 @@ def refuses_out_of_range(spec: LayoutSpec, device: str, *, page_size: int = 4) -
         with pytest.raises(WriteError, match="cannot be stored"):
             quantize(spec, poisoned, buf, loc, page_size, impl="triton")
         assert torch.equal(as_bytes(buf), as_bytes(before)), value
+
+
+def layered_matches_per_layer(
+    spec: LayoutSpec, page_size: int, dtype: torch.dtype, device: str, *, layers: int = 3
+) -> None:
+    """One layered launch == one single-layer twin call per layer, reads and writes.
+
+    The layers are separate allocations (so their offsets from layer 0 are arbitrary,
+    some negative), the locations cross pages in shuffled order, and only the written
+    tokens' bytes may change, on every layer.
+    """
+    from kvcompat import _ops
+
+    rows = _rows_for(spec, page_size, 40)
+    bufs = [make_buffer(spec, page_size, rows, seed=7 * i + page_size, device=device)
+            for i in range(layers)]  # fmt: skip
+    bufs = bufs[::-1]  # later allocations first: negative offsets from layer 0
+    cap = capacity(spec, bufs[0], page_size)
+    n = min(cap, 16)
+    loc = edge_locs(spec, page_size, cap, seed=3, n=n).to(device)
+    for fnuz in (False, True) if spec.supports_fnuz else (False,):
+        plan = _ops.plan_layers(spec, bufs, page_size, fnuz=fnuz)
+        ours = _ops.read_layers(plan, loc, impl="triton")
+        for i, buf in enumerate(bufs):
+            twin = dequantize(spec, buf, loc, page_size, impl="torch", fnuz=fnuz)
+            assert torch.equal(as_bytes(ours[i]), as_bytes(twin)), (spec.name, fnuz, i)
+    values = torch.stack(
+        [special_values(spec, n, seed=s, dtype=dtype, non_finite=False) for s in range(layers)]
+    ).to(device)
+    saturates = spec.data_encoding.value == "e2m1x2"
+    theirs = [buf.clone() for buf in bufs]
+    mine = [buf.clone() for buf in bufs]
+    for i, buf in enumerate(theirs):
+        quantize(spec, values[i], buf, loc, page_size, impl="torch", check_finite=not saturates)
+    plan = _ops.plan_layers(spec, mine, page_size)
+    _ops.write_layers(plan, loc, values, impl="triton", check_finite=not saturates)
+    for i in range(layers):
+        diff = as_bytes(mine[i]) != as_bytes(theirs[i])
+        assert not bool(diff.any()), f"{spec.name} layer {i}: {int(diff.sum())} bytes differ"
+    # Each layer its own locations (a sparse step's per-layer top-k): loc is [layers, n].
+    rows = torch.stack([loc.roll(i) for i in range(layers)])
+    plan = _ops.plan_layers(spec, mine, page_size)
+    ours = _ops.read_layers(plan, rows, impl="triton")
+    for i, buf in enumerate(mine):
+        twin = dequantize(spec, buf, rows[i], page_size, impl="torch")
+        assert torch.equal(as_bytes(ours[i]), as_bytes(twin)), (spec.name, "per-layer loc", i)
+    for i, buf in enumerate(theirs):
+        quantize(spec, values[i], buf, rows[i], page_size, impl="torch", check_finite=not saturates)
+    _ops.write_layers(plan, rows, values, impl="triton", check_finite=not saturates)
+    for i in range(layers):
+        assert torch.equal(as_bytes(mine[i]), as_bytes(theirs[i])), (spec.name, "per-layer", i)
+
+
+def layered_rows_match(device: str) -> None:
+    """The raw multi-buffer row moves on strided rows: gather == index_select, scatter exact."""
+    from kvcompat import _ops
+
+    g = torch.Generator().manual_seed(5)
+    backing = [torch.randint(0, 256, (9, 96), generator=g).to(torch.uint8).to(device)
+               for _ in range(4)]  # fmt: skip
+    srcs = [b[:, 16:56] for b in backing]  # 40-byte rows, 96 bytes apart
+    rows = torch.tensor([8, 0, 3, 3], device=device)
+    got = _ops.gather_rows_layers(srcs, rows, impl="triton")
+    for i, src in enumerate(srcs):
+        assert torch.equal(got[i], src[rows])
+    before = [b.clone() for b in backing]
+    payload = torch.randint(0, 256, (4, 2, 40), generator=g).to(torch.uint8).to(device)
+    where = torch.tensor([7, 1], device=device)
+    _ops.scatter_rows_layers(srcs, where, payload, impl="triton")
+    for i, b in enumerate(backing):
+        expect = before[i].clone()
+        expect[where, 16:56] = payload[i]
+        assert torch.equal(b, expect), i
+
+
+def strided_matches_contiguous(
+    spec: LayoutSpec, page_size: int, dtype: torch.dtype, device: str, impls: tuple[str, ...]
+) -> None:
+    """A strided view's rows (pages or token rows ``pitch`` bytes apart) read and write as
+    the same rows held contiguously, and a write touches nothing between the rows.
+
+    The storage interleaves three layers row by row (a block-outer layout such as vLLM's
+    ``BLHNC``); the view is the middle layer's rows.
+    """
+    rows = _rows_for(spec, page_size, 40)
+    dense = make_buffer(spec, page_size, rows, seed=page_size + 11, device=device)
+    g = torch.Generator().manual_seed(3)
+
+    def row_bytes(t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.uint8).reshape(rows, -1)
+
+    width = row_bytes(dense).shape[1]
+    pad = 0 if spec.paged else -width % 16  # token rows: every row 16-byte aligned
+    backing = torch.randint(0, 256, (rows, 3, width + pad), generator=g)
+    backing = backing.to(torch.uint8).to(device)
+    backing[:, 1, :width] = row_bytes(dense)
+    view = backing[:, 1, :width]
+    if dense.dtype != torch.uint8:
+        view = view.view(dense.dtype).view(dense.shape)
+    assert not view.is_contiguous()
+    cap = capacity(spec, dense, page_size)
+    n = min(cap, 16)
+    loc = edge_locs(spec, page_size, cap, seed=4, n=n).to(device)
+    values = special_values(spec, n, seed=2, dtype=dtype, non_finite=False).to(device)
+    saturates = spec.data_encoding.value == "e2m1x2"
+    for impl in impls:
+        strided_read = dequantize(spec, view, loc, page_size, impl=impl)
+        dense_read = dequantize(spec, dense, loc, page_size, impl=impl)
+        assert torch.equal(as_bytes(strided_read), as_bytes(dense_read)), (spec.name, impl)
+        before = backing.clone()
+        mine, theirs = view, dense.clone()
+        quantize(spec, values, mine, loc, page_size, impl=impl, check_finite=not saturates)
+        quantize(spec, values, theirs, loc, page_size, impl="torch", check_finite=not saturates)
+        assert torch.equal(backing[:, 1, :width], row_bytes(theirs)), (spec.name, impl)
+        assert torch.equal(backing[:, 1, width:], before[:, 1, width:]), (spec.name, impl)
+        assert torch.equal(backing[:, 0], before[:, 0]), (spec.name, impl)
+        assert torch.equal(backing[:, 2], before[:, 2]), (spec.name, impl)
+        backing.copy_(before)

@@ -32,11 +32,14 @@ from _kernel_checks import (
     empty_loc,
     every_scale_meets_every_code,
     fp32_scale_rows_any_bits,
+    layered_matches_per_layer,
+    layered_rows_match,
     read_matches_twin,
     refuses_out_of_range,
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
+    strided_matches_contiguous,
     write_matches_twin,
 )
 from _sglang import places
@@ -308,3 +311,20 @@ def test_sglang_v4_reader_agrees() -> None:
     # SGLang's kernel multiplies by exp2(byte - 127), which the GPU flushes to 0 for byte 0,
     # as the twin does; every other byte is an exact power of two.
     assert torch.equal(as_bytes(ours), as_bytes(theirs))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_a_layered_launch_equals_one_twin_call_per_layer(
+    spec: LayoutSpec, dtype: torch.dtype, soft: bool
+) -> None:
+    layered_matches_per_layer(spec, 64 if spec.paged else 1, dtype, "cuda")
+
+
+def test_layered_raw_rows_on_strided_buffers() -> None:
+    layered_rows_match("cuda")
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_a_strided_view_equals_its_rows_held_contiguously(spec: LayoutSpec, soft: bool) -> None:
+    strided_matches_contiguous(spec, 64 if spec.paged else 1, torch.bfloat16, "cuda", ("triton",))

@@ -222,3 +222,39 @@ def test_legacy_pool_without_kv_layout_is_read_as_v4() -> None:
     assert pool.layout(0).key.name == "v4"
     pool.write(0, torch.tensor([4]), torch.ones(1, 1, 512))
     assert pool.read(0, torch.tensor([4])).float().sum().item() == 512.0
+
+
+def _layer_groups(pool: kvcompat.KVPoolProtocol) -> list[tuple[int, ...]]:
+    """The pool's layers grouped by serving component and byte layout, each group reversed."""
+    groups: dict[tuple[object, str], list[int]] = {}
+    for layer in pool.layer_ids:
+        key = (pool.component_for(layer), repr(pool.layout(layer)))
+        groups.setdefault(key, []).append(layer)
+    return [tuple(reversed(layers)) for layers in groups.values()]
+
+
+@pytest.mark.parametrize("case", IO_CASES, ids=[c.id for c in IO_CASES])
+def test_multi_layer_calls_equal_one_call_per_layer(case: PoolCase) -> None:
+    ours, theirs = kvcompat.adapt(case.build()), kvcompat.adapt(case.build())
+    page = ours.page_size
+    loc = torch.tensor([2 * page - 1, 1, page, 7])  # pages out of order
+    for group in _layer_groups(ours):
+        layout = ours.layout(group[0])
+        keys = torch.stack([dense(ours, layer, len(loc), seed=layer) for layer in group])
+        values = None
+        if layout.value is not None:
+            values = torch.stack([dense(ours, layer, len(loc), 50 + layer, "value")
+                                  for layer in group])  # fmt: skip
+        ours.write_layers(group, loc, keys, values)
+        for i, layer in enumerate(group):
+            theirs.write(layer, loc, keys[i], None if values is None else values[i])
+        for layer in group:
+            mine = ours.get_key_buffer(layer, wait=False).view(torch.uint8)
+            assert torch.equal(mine, theirs.get_key_buffer(layer, wait=False).view(torch.uint8))
+            if layout.value is not None:
+                mine = ours.get_value_buffer(layer, wait=False).view(torch.uint8)
+                want = theirs.get_value_buffer(layer, wait=False).view(torch.uint8)
+                assert torch.equal(mine, want), (case.id, layer)
+        together = ours.read_layers(group, loc)
+        one_by_one = torch.stack([ours.read(layer, loc) for layer in group])
+        assert torch.equal(together.view(torch.uint8), one_by_one.view(torch.uint8)), case.id

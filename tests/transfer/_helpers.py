@@ -53,3 +53,41 @@ def expected_after(
         for s, t in zip(pages[buf.group], dst_pages[buf.group], strict=True):
             out[buf.label][t * size : (t + 1) * size] = src[buf.label][s * size : (s + 1) * size]
     return out
+
+
+def move_packed_locally(plan: TransferPlan, chunk_bytes: int) -> torch.Tensor:
+    """Move a packed plan in this process: gather chunk by chunk, then one scatter (the twin).
+
+    Both pools live here; the stream is returned (what the receiver's staging area holds).
+    """
+    from kvcompat.transfer._layout import chunk_pieces
+    from kvcompat.transfer._packed import Packer
+
+    assert plan.packing is not None
+    src = Packer(plan, 0, [(p, n) for p, n, _ in plan.src_regions()], "test")
+    dst = Packer(plan, 1, [(p, n) for p, n, _ in plan.dst_regions()], "test")
+    stream = torch.full((plan.nbytes,), 0xEE, dtype=torch.uint8, device=src.device)
+    for chunk in chunk_pieces(plan.packing, chunk_bytes):
+        for piece in chunk:
+            src.gather(piece, stream[piece.offset : piece.offset + piece.nbytes])
+    dst.scatter_all(stream)
+    return stream
+
+
+def random_pages(
+    pool: Any, seed: int, count: int = 3, *, dst_pool: Any = None
+) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """Out-of-order source and destination page ids per group, in range for every buffer."""
+    import random
+
+    rng = random.Random(seed)
+    pages: dict[str, list[int]] = {}
+    dst_pages: dict[str, list[int]] = {}
+    theirs = pool_spec(pool if dst_pool is None else dst_pool)
+    for group in pool_spec(pool).groups():
+        mine = min(b.items for b in pool_spec(pool).buffers if b.group == group)
+        room = min(b.items for b in theirs.buffers if b.group == group)
+        n = min(count, mine, room)
+        pages[group] = [rng.randrange(mine) for _ in range(n)]  # a source page may repeat
+        dst_pages[group] = rng.sample(range(room), n)
+    return pages, dst_pages

@@ -90,7 +90,7 @@ def _reads(pool: Any, plan: Any, side: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _prefill(conn: Any, progress_thread: bool) -> None:
+def _prefill(conn: Any, progress_thread: bool, method: str) -> None:
     from kvcompat.transfer import (
         NixlEngine,
         Request,
@@ -111,16 +111,33 @@ def _prefill(conn: Any, progress_thread: bool) -> None:
             engine.register(pool)
         hello = conn.recv()
         peer = engine.connect(hello["metadata"])
-        conn.send(engine.metadata())
+        all_pages = {
+            name: merge_pages(request_pages(pool, *(Request(r) for r in _PAGES[name][0])))
+            for name, pool in pools.items()
+        }
+        conn.send(
+            {
+                "metadata": engine.metadata(),
+                "specs": {n: pool_spec(p).to_json() for n, p in pools.items()},
+                "pages": all_pages,
+            }
+        )
         conn.recv()
         report = {}
         for name, pool in pools.items():
-            pages = merge_pages(request_pages(pool, *(Request(r) for r in _PAGES[name][0])))
+            pages = all_pages[name]
             plan = plan_transfer(
-                pool, hello["specs"][name], pages=pages, dst_pages=hello["pages"][name]
+                pool,
+                hello["specs"][name],
+                pages=pages,
+                dst_pages=hello["pages"][name],
+                method=method,
             )
             assert plan.src_mem == plan.dst_mem == "VRAM"
-            prepared = engine.prepare(plan, peer)
+            assert plan.method == method
+            prepared = engine.prepare(
+                plan, peer, staging=hello["staging"] if method == "packed" else None
+            )
             start = time.perf_counter()
             engine.transfer(prepared, timeout=60.0)
             seconds = time.perf_counter() - start
@@ -138,7 +155,7 @@ def _prefill(conn: Any, progress_thread: bool) -> None:
         engine.close()
 
 
-def _decode(conn: Any, out: Any) -> None:
+def _decode(conn: Any, out: Any, method: str) -> None:
     from kvcompat.transfer import (
         NixlEngine,
         Request,
@@ -165,15 +182,29 @@ def _decode(conn: Any, out: Any) -> None:
             n: merge_pages(request_pages(p, *(Request(r) for r in _PAGES[n][1])))
             for n, p in pools.items()
         }
+        need = max(plan_transfer(p, p, pages=pages[n]).nbytes for n, p in pools.items())
+        staging = engine.staging(need, device="cuda:0")  # before the metadata goes out
         conn.send(
             {
                 "specs": {n: pool_spec(p).to_json() for n, p in pools.items()},
                 "pages": pages,
                 "metadata": engine.metadata(),
+                "staging": staging.to_json(),
             }
         )
-        engine.connect(conn.recv())
+        peer = conn.recv()
+        engine.connect(peer["metadata"])
         conn.send("connected")
+        if method == "packed":  # nothing lands in the pools before each commit is checked
+            for name, pool in pools.items():
+                plan = plan_transfer(
+                    peer["specs"][name],
+                    pool,
+                    pages=peer["pages"][name],
+                    dst_pages=pages[name],
+                    method="packed",
+                )
+                engine.receive(plan, timeout=60.0)
         report = conn.recv()
         verdict = {}
         for name, pool in pools.items():
@@ -207,8 +238,12 @@ def _decode(conn: Any, out: Any) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("initiator_thread", [False, True], ids=["no-thread", "thread"])
-def test_vram_to_vram_between_two_processes_on_one_gpu(initiator_thread: bool) -> None:
+@pytest.mark.parametrize(
+    ("initiator_thread", "method"),
+    [(False, "pages"), (True, "pages"), (False, "packed")],
+    ids=["no-thread", "thread", "packed"],
+)
+def test_vram_to_vram_between_two_processes_on_one_gpu(initiator_thread: bool, method: str) -> None:
     from kvcompat.transfer import import_nixl
 
     try:
@@ -220,8 +255,8 @@ def test_vram_to_vram_between_two_processes_on_one_gpu(initiator_thread: bool) -
     context = mp.get_context("spawn")
     a_end, b_end = context.Pipe()
     verdict_end, out_end = context.Pipe()
-    a = context.Process(target=_prefill, args=(a_end, initiator_thread), name="prefill")
-    b = context.Process(target=_decode, args=(b_end, out_end), name="decode")
+    a = context.Process(target=_prefill, args=(a_end, initiator_thread, method), name="prefill")
+    b = context.Process(target=_decode, args=(b_end, out_end, method), name="decode")
     try:
         a.start()
         b.start()
@@ -242,3 +277,116 @@ def test_vram_to_vram_between_two_processes_on_one_gpu(initiator_thread: bool) -
         assert facts["exact"], name
         assert facts["untouched"], name
         assert facts["reads"], name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("chunk_bytes", [37440, 1 << 30], ids=["page-chunks", "one"])
+def test_packed_gather_and_scatter_on_the_device_are_byte_exact(chunk_bytes: int) -> None:
+    """The multi-layer kernels move a packed plan between two CUDA pools exactly."""
+    from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+    from kvcompat.transfer import plan_transfer
+
+    from ._helpers import move_packed_locally
+
+    a = ReferenceDeepSeekV4SingleKVPool(512, 64, layer_num=5, device="cuda:0")
+    b = ReferenceDeepSeekV4SingleKVPool(1024, 64, layer_num=5, device="cuda:0")
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    for pool in (a, b):
+        for buf in pool.kv_buffer:
+            raw = buf.view(torch.uint8)
+            noise = torch.randint(0, 256, raw.shape, device="cuda", generator=generator)
+            raw.copy_(noise.to(torch.uint8))
+    src = [t.view(torch.uint8).clone() for t in a.kv_buffer]
+    want = [t.view(torch.uint8).clone() for t in b.kv_buffer]
+    pages, dst_pages = [3, 0, 7, 7, 1], [15, 2, 9, 4, 11]
+    plan = plan_transfer(a, b, pages={"kv": pages}, dst_pages={"kv": dst_pages}, method="packed")
+    move_packed_locally(plan, chunk_bytes)
+    torch.cuda.synchronize()
+    for layer, (mine, theirs) in enumerate(zip(src, want, strict=True)):
+        theirs[dst_pages] = mine[pages]
+        assert torch.equal(b.kv_buffer[layer].view(torch.uint8), theirs), layer
+
+
+_DIRECT_PAGES, _DIRECT_DST = [3, 0, 7, 7, 1, 12], [15, 2, 9, 4, 11, 0]
+
+
+def _direct_pool(pages: int) -> Any:
+    from kvcompat.testing import ReferenceDeepSeekV4SingleKVPool
+
+    return ReferenceDeepSeekV4SingleKVPool(pages * 64, 64, layer_num=4, device="cuda:0")
+
+
+def _random_fill(pool: Any, seed: int) -> None:
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    for buf in pool.kv_buffer:
+        raw = buf.view(torch.uint8)
+        noise = torch.randint(0, 256, raw.shape, device="cuda", generator=generator)
+        raw.copy_(noise.to(torch.uint8))
+
+
+def _direct_sender(conn: Any) -> None:
+    from kvcompat.transfer import export_cuda_ipc, pool_spec
+
+    pool = _direct_pool(16)
+    _random_fill(pool, 1)
+    torch.cuda.synchronize()
+    conn.send(
+        {
+            "spec": pool_spec(pool).to_json(),
+            "export": export_cuda_ipc(pool),
+            "bytes": [t.view(torch.uint8).cpu() for t in pool.kv_buffer],
+        }
+    )
+    conn.recv()  # the receiver pulled: our memory may go
+
+
+def _direct_receiver(conn: Any, out: Any) -> None:
+    from kvcompat.transfer import CudaIpcPeer, plan_transfer
+
+    pool = _direct_pool(32)
+    _random_fill(pool, 2)
+    torch.cuda.synchronize()
+    want = [t.view(torch.uint8).cpu() for t in pool.kv_buffer]
+    message = conn.recv()
+    plan = plan_transfer(
+        message["spec"],
+        pool,
+        pages={"kv": _DIRECT_PAGES},
+        dst_pages={"kv": _DIRECT_DST},
+        method="direct",
+    )
+    peer = CudaIpcPeer(message["export"])
+    peer.pull(plan, pool)
+    peer.pull(plan, pool)  # again, through the cached views
+    exact = True
+    for layer, (src, expected) in enumerate(zip(message["bytes"], want, strict=True)):
+        expected[_DIRECT_DST] = src[_DIRECT_PAGES]
+        exact &= torch.equal(pool.kv_buffer[layer].view(torch.uint8).cpu(), expected)
+    peer.close()
+    out.send({"exact": exact})
+    conn.send("done")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_direct_pull_through_cuda_ipc_between_two_processes_is_byte_exact() -> None:
+    context = mp.get_context("spawn")
+    a_end, b_end = context.Pipe()
+    verdict_end, out_end = context.Pipe()
+    a = context.Process(target=_direct_sender, args=(a_end,), name="sender")
+    b = context.Process(target=_direct_receiver, args=(b_end, out_end), name="receiver")
+    try:
+        a.start()
+        b.start()
+        deadline = time.monotonic() + 300
+        while not verdict_end.poll(0.5):
+            failed = [p for p in (a, b) if p.exitcode not in (None, 0)]
+            assert not failed, [f"{p.name} exited {p.exitcode}" for p in failed]
+            assert time.monotonic() < deadline, "timed out"
+        verdict = verdict_end.recv()
+    finally:
+        for process in (a, b):
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+    assert verdict["exact"]

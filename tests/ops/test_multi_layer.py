@@ -1,0 +1,312 @@
+"""Many layers in one call: ``pool.plan(layers)`` / ``read_layers`` / ``write_layers``.
+
+Every check compares against the single-layer calls the multi-layer ones replace, byte for
+byte (``uint8`` views), on pools in the states production creates: ``start_layer > 0``,
+layers asked for out of order, locations that cross pages in shuffled order, layers
+allocated separately. The Triton path is checked against the same per-layer twin in the
+interpreter tier (``tests/kernels/_interp_cases.py``) and on the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvcompat
+from kvcompat import LayerOutOfRangeError, LayoutError, WriteError
+from kvcompat.testing import (
+    ReferenceDeepSeekV4SingleKVPool,
+    ReferenceMHATokenToKVPool,
+    ReferenceMLATokenToKVPool,
+    reference_swa_pool,
+)
+
+KINDS = ("mha", "mha_fp8", "mla", "v4")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _native(kind: str, device: str = "cpu") -> Any:
+    if kind == "mha":
+        return ReferenceMHATokenToKVPool(
+            48, 16, torch.bfloat16, head_num=2, head_dim=8, layer_num=4, start_layer=3,
+            device=device,
+        )  # fmt: skip
+    if kind == "mha_fp8":
+        return ReferenceMHATokenToKVPool(
+            48, 16, torch.float8_e4m3fn, head_num=2, head_dim=8, layer_num=3, start_layer=1,
+            device=device,
+        )  # fmt: skip
+    if kind == "mla":
+        return ReferenceMLATokenToKVPool(
+            48, 16, torch.bfloat16, kv_lora_rank=32, qk_rope_head_dim=16, layer_num=3,
+            start_layer=2, device=device,
+        )  # fmt: skip
+    return ReferenceDeepSeekV4SingleKVPool(
+        size=192, page_size=64, layer_num=3, start_layer=5, device=device
+    )
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _fill(pool: Any, seed: int) -> None:
+    """Random bytes in every buffer (every byte value, so every code is read)."""
+    g = torch.Generator().manual_seed(seed)
+    for layer in pool.layer_ids:
+        pair = pool.get_kv_buffer(layer, wait=False)
+        for buf in {id(pair.key): pair.key, id(pair.value): pair.value}.values():
+            raw = buf.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, generator=g).to(torch.uint8).to(raw.device))
+            if buf.dtype.is_floating_point and buf.element_size() > 1:
+                buf.nan_to_num_(0.0, 0.0, 0.0)  # finite rows: reads compare NaN-free
+
+
+def _values(pool: Any, layers: tuple[int, ...], n: int, seed: int, role: str = "key") -> Any:
+    """Random ``[layers, n, heads, head_dim]`` bf16 values on the pool's device."""
+    g = torch.Generator().manual_seed(seed)
+    spec = getattr(pool.layout(layers[0]), role)
+    if spec is None:
+        return None
+    heads = spec.heads
+    x = torch.randn(len(layers), n, heads, spec.dim // heads, generator=g)
+    return x.to(torch.bfloat16).to(pool.device)
+
+
+def _shuffled_loc(pool: Any, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(pool.size, generator=g)[:n].to(pool.device)
+
+
+def _snapshot(pool: Any) -> list[torch.Tensor]:
+    out = []
+    for layer in pool.layer_ids:
+        pair = pool.get_kv_buffer(layer, wait=False)
+        out.append(_bytes(pair.key).clone())
+        out.append(_bytes(pair.value).clone())
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_read_layers_equals_one_read_per_layer(kind: str, device: str) -> None:
+    pool = kvcompat.adapt(_native(kind, device))
+    _fill(pool, 1)
+    layers = tuple(reversed(pool.layer_ids))  # out of order
+    loc = _shuffled_loc(pool, 20, 2)
+    loc = torch.cat((loc, loc[:3]))  # reads may repeat
+    got = pool.read_layers(layers, loc)
+    expect = torch.stack([pool.read(layer, loc) for layer in layers])
+    assert got.shape == expect.shape
+    assert torch.equal(_bytes(got), _bytes(expect))
+    k, v = pool.plan(layers).read_kv(loc)
+    for i, layer in enumerate(layers):
+        pair = pool.read_kv(layer, loc)
+        assert torch.equal(_bytes(k[i]), _bytes(pair.key))
+        assert torch.equal(_bytes(v[i]), _bytes(pair.value))
+    out = torch.empty_like(expect)
+    assert pool.read_layers(layers, loc, out=out) is out
+    assert torch.equal(_bytes(out), _bytes(expect))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_write_layers_equals_one_write_per_layer(kind: str, device: str) -> None:
+    ours, theirs = kvcompat.adapt(_native(kind, device)), kvcompat.adapt(_native(kind, device))
+    _fill(ours, 3)
+    _fill(theirs, 3)
+    layers = (ours.layer_ids[-1], ours.layer_ids[0])
+    loc = _shuffled_loc(ours, 17, 4)
+    keys = _values(ours, layers, 17, 5)
+    values = _values(ours, layers, 17, 6, role="value")
+    ours.write_layers(layers, loc, keys, values)
+    for i, layer in enumerate(layers):
+        theirs.write(layer, loc, keys[i], None if values is None else values[i])
+    for a, b in zip(_snapshot(ours), _snapshot(theirs), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failing_multi_layer_write_changes_nothing(kind: str, device: str) -> None:
+    pool = kvcompat.adapt(_native(kind, device))
+    _fill(pool, 7)
+    layers = pool.layer_ids
+    loc = _shuffled_loc(pool, 9, 8)
+    keys = _values(pool, layers, 9, 9)
+    values = _values(pool, layers, 9, 10, role="value")
+    before = _snapshot(pool)
+    bad_loc = torch.cat((loc, loc[:1]))  # a duplicate location
+    longer = None if values is None else torch.cat((values, values[:, :1]), 1)
+    with pytest.raises(WriteError, match=r"duplicate|distinct"):
+        pool.write_layers(layers, bad_loc, torch.cat((keys, keys[:, :1]), 1), longer)
+    poisoned = keys.clone()
+    poisoned[-1, -1, 0, 0] = float("nan")  # the last layer's last value
+    with pytest.raises(WriteError, match=r"NaN|finite"):
+        pool.write_layers(layers, loc, poisoned, values)
+    with pytest.raises(WriteError, match="one block per layer"):
+        pool.write_layers(layers, loc, keys[:-1], values)
+    if values is not None:
+        with pytest.raises(WriteError, match="no values"):
+            pool.write_layers(layers, loc, keys)
+    for a, b in zip(_snapshot(pool), before, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_fault_while_storing_puts_every_layer_back(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = kvcompat.adapt(_native(kind))
+    _fill(pool, 11)
+    layers = pool.layer_ids
+    loc = _shuffled_loc(pool, 9, 12)
+    keys = _values(pool, layers, 9, 13)
+    values = _values(pool, layers, 9, 14, role="value")
+    before = _snapshot(pool)
+    real = torch.Tensor.index_copy_
+    calls = {"n": 0}
+
+    def flaky(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # after the first store has landed
+            msg = "injected fault mid-store"
+            raise RuntimeError(msg)
+        return real(self, dim, index, source)
+
+    monkeypatch.setattr(torch.Tensor, "index_copy_", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        pool.write_layers(layers, loc, keys, values, impl="torch")
+    monkeypatch.undo()
+    assert calls["n"] >= 2  # the fault did hit after a store had landed
+    for a, b in zip(_snapshot(pool), before, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bad_layer_sets_are_refused_with_what_was_received() -> None:
+    pool = kvcompat.adapt(_native("mha"))
+    with pytest.raises(LayerOutOfRangeError, match=r"layers \[0\] are not served"):
+        pool.plan([0, 3])
+    with pytest.raises(LayoutError, match="distinct"):
+        pool.plan([3, 3])
+    with pytest.raises(LayoutError, match="integer"):
+        pool.plan(["3"])  # type: ignore[list-item]
+    with pytest.raises(LayoutError, match="sequence of layer ids"):
+        pool.plan(3)  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="no layer ids"):
+        pool.plan([])
+
+
+def test_a_composite_plans_within_one_component_and_refuses_across() -> None:
+    pool = kvcompat.adapt(reference_swa_pool())
+    by_part: dict[str, list[int]] = {}
+    for layer in pool.layer_ids:
+        by_part.setdefault(str(pool.component_for(layer)), []).append(layer)
+    assert len(by_part) == 2
+    for part, layers in by_part.items():
+        plan = pool.plan(layers)
+        loc = torch.tensor([1, 5])
+        got = plan.read(loc)
+        for i, layer in enumerate(layers):
+            assert torch.equal(_bytes(got[i]), _bytes(pool.read(layer, loc))), part
+    with pytest.raises(LayoutError, match="served by components"):
+        pool.plan()
+
+
+def test_a_plan_follows_buffers_the_pool_replaces() -> None:
+    native = _native("mha")
+    pool = kvcompat.adapt(native)
+    plan = pool.plan()
+    loc = torch.tensor([4, 2])
+    plan.read(loc)
+    fresh = torch.full_like(native.k_buffer[1], 3.0)
+    native.k_buffer[1] = fresh  # SGLang replaces buffers when it resizes
+    got = plan.read(loc)
+    assert bool((got[1] == 3.0).all())
+    assert not bool((got[0] == 3.0).all())
+
+
+def test_the_plan_is_kept_and_repr_says_what_it_moves() -> None:
+    pool = kvcompat.adapt(_native("mha"))
+    assert pool.plan([4, 3]) is pool.plan([4, 3])
+    assert "layers=[4, 3]" in repr(pool.plan([4, 3]))
+    assert "key, value" in repr(pool.plan([4, 3]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    data=st.data(),
+)
+def test_multi_layer_round_trip_touches_only_the_written_tokens(kind: str, data: Any) -> None:
+    pool = kvcompat.adapt(_native(kind))
+    _fill(pool, 17)
+    layers = tuple(data.draw(st.permutations(pool.layer_ids)))[
+        : data.draw(st.integers(1, len(pool.layer_ids)))
+    ]
+    n = data.draw(st.integers(0, 12))
+    loc = torch.tensor(
+        data.draw(st.lists(st.integers(0, pool.size - 1), min_size=n, max_size=n, unique=True)),
+        dtype=torch.int64,
+    )
+    keys = _values(pool, layers, n, data.draw(st.integers(0, 99)))
+    values = _values(pool, layers, n, 1, role="value")
+    other = tuple(layer for layer in pool.layer_ids if layer not in layers)
+    before = {layer: pool.read_layers([layer], torch.arange(pool.size)) for layer in other}
+    untouched = torch.ones(pool.size, dtype=torch.bool)
+    untouched[loc] = False
+    rest = torch.arange(pool.size)[untouched]
+    kept = pool.read_layers(layers, rest)
+    pool.write_layers(layers, loc, keys, values)
+    # The written tokens read back as one single-layer write of them would.
+    twin = kvcompat.adapt(_native(kind))
+    for i, layer in enumerate(layers):
+        twin.write(layer, loc, keys[i], None if values is None else values[i])
+    assert torch.equal(_bytes(pool.read_layers(layers, loc)), _bytes(twin.read_layers(layers, loc)))
+    assert torch.equal(_bytes(pool.read_layers(layers, rest)), _bytes(kept))
+    for layer, old in before.items():
+        assert torch.equal(_bytes(pool.read_layers([layer], torch.arange(pool.size))), _bytes(old))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_layer_may_take_its_own_locations(kind: str, device: str) -> None:
+    ours, theirs = kvcompat.adapt(_native(kind, device)), kvcompat.adapt(_native(kind, device))
+    _fill(ours, 21)
+    _fill(theirs, 21)
+    layers = tuple(reversed(ours.layer_ids))
+    loc = torch.stack([_shuffled_loc(ours, 6, 30 + i) for i in range(len(layers))])
+    got = ours.read_layers(layers, loc)
+    for i, layer in enumerate(layers):
+        assert torch.equal(_bytes(got[i]), _bytes(ours.read(layer, loc[i])))
+    keys = _values(ours, layers, 6, 40)
+    values = _values(ours, layers, 6, 41, role="value")
+    ours.write_layers(layers, loc, keys, values)
+    for i, layer in enumerate(layers):
+        theirs.write(layer, loc[i], keys[i], None if values is None else values[i])
+    for a, b in zip(_snapshot(ours), _snapshot(theirs), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_per_layer_locations_are_checked_row_by_row() -> None:
+    pool = kvcompat.adapt(_native("v4"))
+    layers = pool.layer_ids
+    before = _snapshot(pool)
+    keys = _values(pool, layers, 3, 1)
+    across = torch.tensor([[1, 2, 3]] * len(layers))  # the same slots on every layer: fine
+    pool.write_layers(layers, across, keys)
+    before = _snapshot(pool)
+    repeated = across.clone()
+    repeated[1, 2] = 1  # layer 1 names slot 1 twice
+    with pytest.raises(WriteError, match="within row 1"):
+        pool.write_layers(layers, repeated, keys)
+    with pytest.raises(WriteError, match=r"one row per layer"):
+        pool.write_layers(layers, across[:2], keys)
+    with pytest.raises(LayoutError, match="outside"):
+        pool.read_layers(layers, across + 10**6)
+    for a, b in zip(_snapshot(pool), before, strict=True):
+        assert torch.equal(a, b)
