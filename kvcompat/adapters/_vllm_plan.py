@@ -497,12 +497,19 @@ class VLLMKVCaches:
         'VLLMKVCaches'
     """
 
-    __slots__ = ("config", "kv_caches", "plan")
+    __slots__ = ("config", "device", "dtype", "kv_caches", "page_size", "plan", "size")
 
     def __init__(self, kv_caches: Mapping[str, torch.Tensor], config: Any, plan: VLLMPlan) -> None:
         self.kv_caches = kv_caches
         self.config = config
         self.plan = plan
+        # What a composite adapter answers for the whole cache: its first layer's block
+        # size in tokens, the token capacity at that block size, and the logical dtype.
+        first = next(iter(plan.layers.values()))
+        self.page_size = first.fmt.states * first.fmt.tokens_per_state
+        self.size = plan.num_blocks * self.page_size
+        self.dtype = first.fmt.logical
+        self.device = first.view.device
 
     def __repr__(self) -> str:
         return f"<VLLMKVCaches layers={len(self.plan.layers)} num_blocks={self.plan.num_blocks}>"

@@ -23,16 +23,19 @@ Every getter returns a view of the registered view's storage (never a copy):
 * DeepSeek-V4's 584-B pages and 132-B indexer pages: ``view[:, 0]`` as ``uint8``.
 
 ``read``/``write`` are bit-exact and all or nothing: plain rows are gathered and stored with
-one indexing op on the registered view; packed rows and pages go through kvcompat's codecs
-(``V4``, ``DSV4_INDEXER_FP8``, ``DSA_FP8``) on a zero-copy ``[B, page]`` view where vLLM's
-placement makes one contiguous (layer-outer layouts), and on a staging copy of the touched
-pages otherwise (block-outer layouts, which DeepSeek-V4 requires), written back with one
-indexed store after the codec has checked and encoded everything.
+one indexing op on the registered view; packed pages (DeepSeek-V4's ``V4`` and
+``DSV4_INDEXER_FP8``) go through kvcompat's codecs on a zero-copy ``[B, page]`` view of the
+registered storage, strided by vLLM's block stride under block-outer layouts; ``fp8_ds_mla``
+token rows (``DSA_FP8``) go through the codec in place where the layer's blocks are back to
+back (layer-outer layouts, vLLM's default) and through a staging copy of the touched blocks
+under block-outer ones, written back with one indexed store after the codec has checked and
+encoded everything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -40,12 +43,13 @@ import torch
 
 from kvcompat._errors import LayoutError, NoValueBufferError, UnsupportedPoolError, WriteError
 from kvcompat._families import Family, _install
-from kvcompat._ops import dequantize, quantize
+from kvcompat._ops import check_write, dequantize, quantize
 from kvcompat._protocol import Impl, KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
 from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
+from kvcompat.adapters._multi import layer_tuple
 from kvcompat.adapters._vllm_plan import (
     VLLMKVCaches,
     VLLMLayer,
@@ -274,11 +278,15 @@ class VLLMAdapter(AdapterBase):
         return buffer, rows, states
 
     def _direct(self, layer: VLLMLayer) -> bool:
+        """Whether the codec reads the layer in place (else through a staging copy).
+
+        Paged formats (DeepSeek-V4's pages, the indexer pages) always: the codecs address
+        pages further apart than their size (block-outer layouts) from the view's pitch.
+        Token rows (``fp8_ds_mla``) when the layer's blocks are back to back; under a
+        block-outer layout its token rows are not one strided run.
+        """
         fmt = layer.fmt
-        row = (
-            fmt.spec.page_bytes(fmt.states) if fmt.paged else fmt.states * fmt.spec.bytes_per_token
-        )
-        return layer.num_blocks <= 1 or layer.block_stride == row
+        return fmt.paged or layer.contiguous
 
     def _local(self, layer: VLLMLayer, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(blocks, local loc)``: the distinct blocks of ``loc`` and ``loc`` in their copy."""
@@ -380,6 +388,23 @@ class VLLMAdapter(AdapterBase):
         MHA takes ``key`` and ``value`` ``[n, H, D]``; the other formats keep the value in
         the key row (pass ``value=None``).
         """
+        self._prepare_write(layer_id, loc, key, value, check_finite=check_finite, impl=impl)()
+
+    def _prepare_write(
+        self,
+        layer_id: int,
+        loc: Any,
+        key: Any,
+        value: Any,
+        *,
+        check_finite: bool,
+        impl: Impl,
+    ) -> Callable[[], None]:
+        """Check a write of one layer completely; return the store that performs it.
+
+        Nothing is stored here (packed formats through a staging copy encode into the copy
+        only), so a multi-layer write checks every layer before the first store runs.
+        """
         layer = self._layer(layer_id)
         loc64 = self._check_loc(layer, loc, write=True)
         fmt = layer.fmt
@@ -394,7 +419,7 @@ class VLLMAdapter(AdapterBase):
                 )
                 raise WriteError(msg)
             value_spec = self._plans[layer.layer_id].value
-            assert value_spec is not None
+            assert value_spec is not None  # every split layer has one
             keys = self._values(fmt.spec, key, n, device, check_finite, "key")
             values = self._values(value_spec, value, n, device, check_finite, "value")
             rows = torch.cat(
@@ -404,8 +429,7 @@ class VLLMAdapter(AdapterBase):
                 ),
                 dim=-1,
             )
-            self._store_plain(layer, loc64, rows)
-            return
+            return partial(self._store_plain, layer, loc64, rows)
         if value is not None and not _aliases(value, key, fmt.value_dim):
             msg = (
                 f"{self._name} (vLLM {fmt.name}) keeps the value inside the key row: write() "
@@ -415,12 +439,15 @@ class VLLMAdapter(AdapterBase):
             raise WriteError(msg)
         if not fmt.packed:
             keys = self._values(fmt.spec, key, n, device, check_finite, "key")
-            self._store_plain(layer, loc64, keys.view(n, 1, fmt.key_dim).to(fmt.logical))
-            return
+            rows = keys.view(n, 1, fmt.key_dim).to(fmt.logical)
+            return partial(self._store_plain, layer, loc64, rows)
         if self._direct(layer):
             buffer, _, page = self._packed_buffer(layer, None)
-            quantize(fmt.spec, key, buffer, loc64, page, check_finite=check_finite, impl=impl)
-            return
+            checked, _ = check_write(fmt.spec, buffer, loc64, key, page, check_finite=check_finite)
+            return partial(
+                quantize, fmt.spec, checked, buffer, loc64, page, check_finite=False,
+                validate=False, impl=impl,
+            )  # fmt: skip
         blocks, local = self._local(layer, loc64)
         staging, targets, page = self._packed_buffer(layer, blocks)
         # The codec checks and encodes everything into the copy; the cache changes only in
@@ -428,7 +455,32 @@ class VLLMAdapter(AdapterBase):
         quantize(fmt.spec, key, staging, local, page, check_finite=check_finite, impl=impl)
         assert targets is not None  # a staged buffer always has its rows
         staged = staging if fmt.paged else staging.view(blocks.numel(), -1)
-        targets.index_copy_(0, blocks, staged)
+
+        def store() -> None:
+            targets.index_copy_(0, blocks, staged)
+
+        return store
+
+    def plan(self, layers: Sequence[int] | None = None, /) -> VLLMLayerPlan:
+        """Several layers of this component, for ``read_layers`` / ``write_layers``.
+
+        Every layer must hold the same format. Reads and writes check tokens and values
+        for every layer before the first store, then move the layers one by one.
+
+        Example:
+            >>> VLLMAdapter.plan.__name__
+            'plan'
+        """
+        found = layer_tuple(layers, self.layer_ids, self._name)
+        formats = {self._layers[layer].fmt for layer in found}
+        if len(formats) > 1:
+            msg = (
+                f"{self._name}: layers {list(found)} hold different vLLM formats "
+                f"{sorted(f.name for f in formats)}; one plan moves one format.\n"
+                "Hint: plan each component's layers separately."
+            )
+            raise LayoutError(msg)
+        return VLLMLayerPlan(self, found)
 
     def _values(
         self,
@@ -533,6 +585,113 @@ def _aliases(value: object, key: object, value_dim: int) -> bool:
         and value.shape[:-1] == key.shape[:-1]
         and value.shape[-1] == value_dim
     )
+
+
+class VLLMLayerPlan:
+    """Several layers of one vLLM component (:meth:`VLLMAdapter.plan`).
+
+    ``loc`` is one 1-D tensor of slots for every layer, or ``[layers, n]`` (each layer its
+    own slots). Writes take ``key`` (and, for MHA, ``value``) ``[layers, n, heads, dim]``
+    and check every layer before the first store.
+
+    Attributes:
+        layers: the layer ids, in call order (``out[i]`` is ``layers[i]``).
+        layout: the layers' shared :class:`~kvcompat.adapters.LayerLayout`.
+    """
+
+    __slots__ = ("_adapter", "layers", "layout")
+
+    def __init__(self, adapter: VLLMAdapter, layers: tuple[int, ...]) -> None:
+        self._adapter = adapter
+        self.layers = layers
+        self.layout = adapter.layout(layers[0])
+
+    def _locs(self, loc: Any, error: type[LayoutError | WriteError]) -> list[Any]:
+        if isinstance(loc, torch.Tensor) and loc.dim() == 2:
+            if loc.shape[0] != len(self.layers):
+                msg = (
+                    f"{self._adapter.name}: loc is {list(loc.shape)}, for {len(self.layers)} "
+                    "layers.\nHint: pass one row of slots per layer, or a 1-D loc for all."
+                )
+                raise error(msg)
+            return list(loc)
+        return [loc] * len(self.layers)
+
+    def _per_layer(self, values: Any, what: str) -> list[Any]:
+        if (
+            not isinstance(values, torch.Tensor)
+            or values.dim() < 2
+            or (values.shape[0] != len(self.layers))
+        ):
+            got = list(values.shape) if isinstance(values, torch.Tensor) else type(values)
+            msg = (
+                f"{self._adapter.name}: write_layers needs {what} [layers, n, ...] for "
+                f"{len(self.layers)} layers; received {got}.\n"
+                "Hint: stack the per-layer tensors: torch.stack(per_layer)."
+            )
+            raise WriteError(msg)
+        return list(values)
+
+    def read(
+        self,
+        loc: torch.Tensor,
+        *,
+        out: torch.Tensor | None = None,
+        wait: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> torch.Tensor:
+        """Dense keys ``[layers, n, heads, dim]``."""
+        locs = self._locs(loc, LayoutError)
+        dense = torch.stack(
+            [
+                self._adapter.read(layer, at, impl=impl)
+                for layer, at in zip(self.layers, locs, strict=True)
+            ]
+        )
+        if out is None:
+            return dense
+        if tuple(out.shape) != tuple(dense.shape) or out.dtype != dense.dtype:
+            msg = (
+                f"{self._adapter.name}: out is {list(out.shape)} {out.dtype}; the read gives "
+                f"{list(dense.shape)} {dense.dtype}.\nHint: allocate out with that shape."
+            )
+            raise LayoutError(msg)
+        return out.copy_(dense)
+
+    def read_kv(
+        self, loc: torch.Tensor, *, wait: bool = True, validate: bool = True, impl: Impl = "auto"
+    ) -> KVPair:
+        """Dense ``(keys, values)`` ``[layers, n, heads, dim]`` each."""
+        locs = self._locs(loc, LayoutError)
+        pairs = [
+            self._adapter.read_kv(layer, at, impl=impl)
+            for layer, at in zip(self.layers, locs, strict=True)
+        ]
+        keys = torch.stack([pair.key for pair in pairs])
+        values = torch.stack([pair.value for pair in pairs])
+        return KVPair(keys, values, shared=pairs[0].shared, component=pairs[0].component)
+
+    def write(
+        self,
+        loc: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor | None = None,
+        *,
+        check_finite: bool = True,
+        validate: bool = True,
+        impl: Impl = "auto",
+    ) -> None:
+        """Store ``key[i]`` (and ``value[i]``) at layer ``layers[i]`` — all or nothing."""
+        locs = self._locs(loc, WriteError)
+        keys = self._per_layer(key, "key")
+        values = [None] * len(keys) if value is None else self._per_layer(value, "value")
+        stores = [
+            self._adapter._prepare_write(layer, at, k, v, check_finite=check_finite, impl=impl)
+            for layer, at, k, v in zip(self.layers, locs, keys, values, strict=True)
+        ]
+        for store in stores:  # every layer checked (and encoded) before the first store
+            store()
 
 
 class VLLMSplitAdapter(VLLMAdapter):

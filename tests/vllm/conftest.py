@@ -6,35 +6,42 @@ Elsewhere every test here is skipped, with the reason.
 
 vLLM's Triton readers run under the interpreter: ``TRITON_INTERPRET=1`` and an empty
 ``CUDA_VISIBLE_DEVICES`` (vLLM replaces its kernels with placeholders on a machine without a
-GPU driver unless it takes that branch) are set before anything imports triton.
+GPU driver unless it takes that branch) are set before anything imports triton, where vLLM
+is installed (the matrix sets them for its subprocess too).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-
 import warnings
 
 import pytest
 
-pytest.importorskip(
-    "vllm",
-    reason="vLLM is not installed: run `python tests/vllm_matrix.py` (make vllm), which "
-    "installs each release as an overlay and runs this tier under it",
-)
 
-# vLLM's import chain warns (torch.jit deprecations, its own notices); the suite turns
-# warnings into errors, so the tier imports what it uses once, here, with them silenced.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    import vllm.distributed.kv_transfer.kv_connector.v1.base
-    import vllm.models.deepseek_v4.common.ops.cache_utils  # noqa: F401
+def _installed() -> bool:
+    # A real vLLM module, not "vllm": with tests/ on sys.path this directory itself
+    # imports as a namespace package named vllm where vLLM is not installed.
+    try:
+        return importlib.util.find_spec("vllm.v1.kv_cache_interface") is not None
+    except ImportError:
+        return False
 
-    import tests._vllm.builders  # noqa: F401
+
+INSTALLED = _installed()
+
+if INSTALLED:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    # vLLM's import chain warns (torch.jit deprecations, its own notices); the suite turns
+    # warnings into errors, so the tier imports what it uses once, here, silenced.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import vllm.distributed.kv_transfer.kv_connector.v1.base
+        import vllm.models.deepseek_v4.common.ops.cache_utils  # noqa: F401
+
+        import tests._vllm.builders  # noqa: F401
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -58,7 +65,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     with SIGSEGV in a C extension's capsule destructor after every test has run and every
     report is written; 0.33 does not. The tier's results are final by now.
     """
-    if _STATUS:
+    if _STATUS and INSTALLED:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_STATUS[-1])

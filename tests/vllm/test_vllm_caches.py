@@ -18,6 +18,12 @@ from hypothesis import strategies as st
 
 import kvcompat
 from kvcompat.inspection import describe, memory_report, transfer_descriptors
+
+pytest.importorskip(
+    "vllm.v1.kv_cache_interface",
+    reason="vLLM is not installed: `make vllm` (tests/vllm_matrix.py) runs this tier",
+)
+
 from tests._vllm import builders
 
 SERVED = builders.SERVED
@@ -366,3 +372,39 @@ def test_extensible_cache_per_layer_storages(case: str) -> None:
     )
     runs = _intervals(transfer_descriptors(pool))
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(runs))
+
+
+@pytest.mark.parametrize("case", SERVED)
+def test_multi_layer_calls_equal_the_per_layer_calls(case: str) -> None:
+    built, pool = _adapt(case)
+    _fill(built, seed=11)
+    assert isinstance(pool, kvcompat.KVPoolProtocol)
+    for part in _leaves(pool):
+        layers = list(reversed(part.layer_ids))
+        loc = torch.tensor([4 * part.page_size + 2, 1, 3 * part.page_size])
+        together = part.read_layers(layers, loc)
+        assert torch.equal(
+            together.view(torch.uint8),
+            torch.stack([part.read(layer, loc) for layer in layers]).view(torch.uint8),
+        )
+        keys = torch.stack([_values(part, layer, 3, seed) for seed, layer in enumerate(layers)])
+        values = None
+        if part.kind is kvcompat.PoolKind.SPLIT:
+            values = torch.stack(
+                [_values(part, layer, 3, 50 + i) for i, layer in enumerate(layers)]
+            )
+        bad = keys.clone()
+        bad[-1, 0, 0, 0] = float("inf")  # the last layer's part fails: nothing is stored
+        before = _snapshot(built)
+        with pytest.raises(kvcompat.WriteError):
+            part.write_layers(layers, loc, bad, values)
+        for ptr, raw in _storages(built).items():
+            assert torch.equal(raw, before[ptr])
+        part.write_layers(layers, loc, keys, values)
+        for index, layer in enumerate(layers):
+            single = part.read(layer, loc)
+            assert torch.equal(
+                part.read_layers([layer], loc)[0].view(torch.uint8), single.view(torch.uint8)
+            )
+            if not part.layout(layer).key.name.startswith(("v4", "dsa", "dsv4")):
+                assert torch.equal(single, keys[index].view(single.shape))

@@ -11,6 +11,11 @@ from types import ModuleType
 import pytest
 import torch
 
+pytest.importorskip(
+    "vllm.v1.kv_cache_interface",
+    reason="vLLM is not installed: `make vllm` (tests/vllm_matrix.py) runs this tier",
+)
+
 from tests._vllm import builders
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vllm_connector.py"
@@ -18,7 +23,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vllm_connector.py"
 
 def _example() -> ModuleType:
     spec = importlib.util.spec_from_file_location("vllm_connector_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
