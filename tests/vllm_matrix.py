@@ -33,8 +33,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-RELEASES = ("0.33.0", "0.34.0")
-"""Every vLLM release kvcompat supports, oldest first: a new release is one entry here."""
+sys.path.insert(0, str(ROOT))
+from kvcompat.adapters._vllm_plan import TESTED_RELEASES  # noqa: E402
+
+RELEASES = TESTED_RELEASES
+"""Every vLLM release kvcompat supports, oldest first: a new release is one entry of
+``kvcompat/adapters/_vllm_plan.py: TESTED_RELEASES`` (``kvcompat doctor`` reads it too)."""
 OVERLAYS = ROOT / ".vllm-releases"
 DEPS = OVERLAYS / "deps"
 REQUIREMENTS = ROOT / "requirements" / "vllm-cpu.txt"

@@ -37,6 +37,7 @@ from kvcompat.layouts.dsv4_indexer_fp8 import DSV4_INDEXER_FP8
 from kvcompat.layouts.dsv4_v4 import V4
 
 __all__ = [
+    "TESTED_RELEASES",
     "VLLM_INTERFACE",
     "CacheFormat",
     "VLLMKVCaches",
@@ -46,6 +47,9 @@ __all__ = [
     "parse_layer_id",
     "plan_vllm",
 ]
+
+TESTED_RELEASES = ("0.33.0", "0.34.0")
+"""The vLLM releases the vLLM tier runs under (``tests/vllm_matrix.py``): one line per release."""
 
 VLLM_INTERFACE = "vllm.v1.kv_cache_interface"
 """The module holding vLLM's ``KVCacheConfig`` and spec classes (0.33 and 0.34)."""
@@ -157,7 +161,7 @@ class CacheFormat:
 
     Attributes:
         name: the format (``"mha"``, ``"mla"``, ``"dsa_fp8_656"``, ``"dsa_fp8_528"``,
-            ``"dsv4_kv"``, ``"dsv4_indexer_fp8"``).
+            ``"dsv4_kv"``, ``"dsv4_indexer_fp8"``, ``"dsv4_state"``).
         kind: the pool kind a component of this format answers.
         role: the component's base name (``"full"``, ``"swa"``, ``"c4"``, ``"indexer"``...).
         heads: H of the view (KV heads; 1 for MLA and DeepSeek's caches).
@@ -168,7 +172,8 @@ class CacheFormat:
         logical: the element dtype reads return for plain rows.
         key_dim: width of a key (per head for MHA; the whole row for MLA and packed rows).
         value_dim: width of a value (MHA: per head; MLA: the latent prefix), 0 if none.
-        spec: kvcompat's byte layout of one key (plain rows) or of one page (packed pages).
+        spec: kvcompat's byte layout of one key (plain rows) or of one page (packed pages);
+            None for bytes with no token codec (DeepSeek-V4's compressor state).
         packed: the bytes go through a kvcompat codec (not plain rows).
         paged: ``spec`` addresses whole pages of ``states`` tokens (V4, indexer).
     """
@@ -184,7 +189,7 @@ class CacheFormat:
     logical: torch.dtype
     key_dim: int
     value_dim: int
-    spec: LayoutSpec
+    spec: LayoutSpec | None
     packed: bool
     paged: bool
 
@@ -321,14 +326,14 @@ def _mla_format(
         )  # fmt: skip
     if dtype == torch.uint8 and head_size == 68:
         raise _refuse(name, spec, "MXFP4 indexer keys (68 B per state)", _OTHER_MODES)
-    if dtype == torch.float32 and sliding:
-        raise _refuse(
-            name,
-            spec,
-            "fp32 sliding-window states (DeepSeek-V4's compressor state) have no token codec",
-            "describe() and transfer_descriptors() of kvcompat cover the KV caches; "
-            "adapt the dict without the compressor-state layers, or move them with vLLM",
-        )
+    if dtype == torch.float32 and sliding and head_size > 0:
+        # DeepSeek-V4's compressor state: fp32 rows kvcompat describes and transfers, and
+        # whose storage the getters return; it has no token codec (read/write refuse it).
+        return CacheFormat(
+            "dsv4_state", PoolKind.KEY_ONLY, "state", content_bytes=head_size * 4,
+            dtype=dtype, logical=dtype, key_dim=head_size, value_dim=0, spec=None,
+            packed=False, paged=False, **common,
+        )  # fmt: skip
     if dtype not in _FLOATS or head_size <= 0:
         raise _refuse(name, spec, f"MLA rows of dtype {dtype}", _OTHER_MODES)
     rank = 512 if head_size == 576 else head_size

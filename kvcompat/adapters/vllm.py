@@ -58,6 +58,7 @@ from kvcompat.adapters._vllm_plan import (
     plan_vllm,
     storage_extent,
 )
+from kvcompat.layouts import LayoutSpec
 from kvcompat.layouts._validate import check_loc, check_values
 
 __all__ = [
@@ -130,7 +131,7 @@ class VLLMAdapter(AdapterBase):
             by_id.setdefault(layer.layer_id, layer)
         self._layers = dict(sorted(by_id.items()))
         self._pairs = {lid: self._pair(layer) for lid, layer in self._layers.items()}
-        self._plans: dict[int, LayerLayout] = {
+        self._plans: dict[int, LayerLayout | None] = {
             lid: self._layout_of(layer) for lid, layer in self._layers.items()
         }
 
@@ -150,8 +151,10 @@ class VLLMAdapter(AdapterBase):
             return KVPair(rows, rows[..., : fmt.value_dim], shared=True, component=self._component)
         return KVPair(rows, rows, shared=True, component=self._component)
 
-    def _layout_of(self, layer: VLLMLayer) -> LayerLayout:
+    def _layout_of(self, layer: VLLMLayer) -> LayerLayout | None:
         fmt = layer.fmt
+        if fmt.spec is None:
+            return None
         if self.kind is PoolKind.SPLIT:
             from kvcompat.layouts import mha_layout  # noqa: PLC0415 - one spec per layer
 
@@ -214,7 +217,26 @@ class VLLMAdapter(AdapterBase):
             'layout'
         """
         layer = self._layer(layer_id)
-        return self._plans[layer.layer_id]
+        found = self._plans[layer.layer_id]
+        if found is None:
+            raise self._no_codec(layer)
+        return found
+
+    def _no_codec(self, layer: VLLMLayer) -> LayoutError:
+        msg = (
+            f"{self._name}: layer {layer.layer_id} ({layer.name}) holds vLLM "
+            f"{layer.fmt.name} bytes (fp32 rows of {layer.fmt.key_dim}), which have no token "
+            "codec, so read() and write() refuse them.\n"
+            "Hint: its storage is get_key_buffer(layer); describe() and "
+            "transfer_descriptors() cover its bytes."
+        )
+        return LayoutError(msg)
+
+    def _codec(self, layer: VLLMLayer) -> LayoutSpec:
+        """The layer's byte layout, or the error saying it has none."""
+        if layer.fmt.spec is None:
+            raise self._no_codec(layer)
+        return layer.fmt.spec
 
     # -- reads ------------------------------------------------------------------------
 
@@ -258,23 +280,23 @@ class VLLMAdapter(AdapterBase):
         otherwise it is a contiguous copy of those blocks' pages and ``rows`` the strided
         ``[B, page]`` view they were copied from (and are written back to).
         """
-        fmt = layer.fmt
+        fmt, spec = layer.fmt, self._codec(layer)
         states = fmt.states
-        row = fmt.spec.page_bytes(states) if fmt.paged else states * fmt.spec.bytes_per_token
+        row = spec.page_bytes(states) if fmt.paged else states * spec.bytes_per_token
         if not storage_extent(layer, row):
             msg = (
                 f"{self._name}: layer {layer.layer_id} ({layer.name}) has {layer.block_bytes} "
-                f"bytes per block; the {fmt.spec.name!r} page of {states} states needs {row} "
+                f"bytes per block; the {spec.name!r} page of {states} states needs {row} "
                 "(vLLM pads it to the page alignment), and they do not fit in the view's "
                 "storage.\nHint: pass the views vLLM allocated, not copies of them."
             )
             raise LayoutError(msg)
         rows = block_rows(layer, row)
         if blocks is None:
-            buffer = rows if fmt.paged else rows.view(-1, fmt.spec.bytes_per_token)
+            buffer = rows if fmt.paged else rows.view(-1, spec.bytes_per_token)
             return buffer, None, states
         staged = rows.index_select(0, blocks)
-        buffer = staged if fmt.paged else staged.view(-1, fmt.spec.bytes_per_token)
+        buffer = staged if fmt.paged else staged.view(-1, spec.bytes_per_token)
         return buffer, rows, states
 
     def _direct(self, layer: VLLMLayer) -> bool:
@@ -312,6 +334,7 @@ class VLLMAdapter(AdapterBase):
         raw fp8 index keys... as the codec's ``dim`` says).
         """
         layer = self._layer(layer_id)
+        spec = self._codec(layer)
         loc64 = self._check_loc(layer, loc, write=False)
         fmt = layer.fmt
         if not fmt.packed:
@@ -320,13 +343,12 @@ class VLLMAdapter(AdapterBase):
         else:
             if self._direct(layer):
                 buffer, _, page = self._packed_buffer(layer, None)
-                flat = dequantize(fmt.spec, buffer, loc64, page, validate=True, impl=impl)
+                flat = dequantize(spec, buffer, loc64, page, validate=True, impl=impl)
             else:
                 blocks, local = self._local(layer, loc64)
                 buffer, _, page = self._packed_buffer(layer, blocks)
-                flat = dequantize(fmt.spec, buffer, local, page, validate=True, impl=impl)
-            heads = fmt.spec.heads
-            dense = flat.view(flat.shape[0], heads, fmt.spec.dim // heads)
+                flat = dequantize(spec, buffer, local, page, validate=True, impl=impl)
+            dense = flat.view(flat.shape[0], spec.heads, spec.dim // spec.heads)
         if out is not None:
             if tuple(out.shape) != tuple(dense.shape) or out.dtype != dense.dtype:
                 msg = (
@@ -406,6 +428,7 @@ class VLLMAdapter(AdapterBase):
         only), so a multi-layer write checks every layer before the first store runs.
         """
         layer = self._layer(layer_id)
+        spec = self._codec(layer)
         loc64 = self._check_loc(layer, loc, write=True)
         fmt = layer.fmt
         n = int(loc64.numel())
@@ -418,9 +441,9 @@ class VLLMAdapter(AdapterBase):
                     "Hint: pass both: pool.write(layer, loc, k, v)."
                 )
                 raise WriteError(msg)
-            value_spec = self._plans[layer.layer_id].value
+            value_spec = self.layout(layer.layer_id).value
             assert value_spec is not None  # every split layer has one
-            keys = self._values(fmt.spec, key, n, device, check_finite, "key")
+            keys = self._values(spec, key, n, device, check_finite, "key")
             values = self._values(value_spec, value, n, device, check_finite, "value")
             rows = torch.cat(
                 (
@@ -438,21 +461,21 @@ class VLLMAdapter(AdapterBase):
             )
             raise WriteError(msg)
         if not fmt.packed:
-            keys = self._values(fmt.spec, key, n, device, check_finite, "key")
+            keys = self._values(spec, key, n, device, check_finite, "key")
             rows = keys.view(n, 1, fmt.key_dim).to(fmt.logical)
             return partial(self._store_plain, layer, loc64, rows)
         if self._direct(layer):
             buffer, _, page = self._packed_buffer(layer, None)
-            checked, _ = check_write(fmt.spec, buffer, loc64, key, page, check_finite=check_finite)
+            checked, _ = check_write(spec, buffer, loc64, key, page, check_finite=check_finite)
             return partial(
-                quantize, fmt.spec, checked, buffer, loc64, page, check_finite=False,
+                quantize, spec, checked, buffer, loc64, page, check_finite=False,
                 validate=False, impl=impl,
             )  # fmt: skip
         blocks, local = self._local(layer, loc64)
         staging, targets, page = self._packed_buffer(layer, blocks)
         # The codec checks and encodes everything into the copy; the cache changes only in
         # the one indexed store below, which writes the copied pages back.
-        quantize(fmt.spec, key, staging, local, page, check_finite=check_finite, impl=impl)
+        quantize(spec, key, staging, local, page, check_finite=check_finite, impl=impl)
         assert targets is not None  # a staged buffer always has its rows
         staged = staging if fmt.paged else staging.view(blocks.numel(), -1)
 

@@ -40,6 +40,7 @@ _TENSOR_ROLE = {
     "dsa_fp8_528": Role.LATENT,
     "dsv4_kv": Role.PACKED_KV,
     "dsv4_indexer_fp8": Role.INDEX_KEYS,
+    "dsv4_state": Role.COMPRESS_STATE,
 }
 _NODE_ROLE = {
     PoolKind.SPLIT: Role.KEY_VALUE,
@@ -47,6 +48,8 @@ _NODE_ROLE = {
     PoolKind.SINGLE_KV: Role.PACKED_KV,
     PoolKind.KEY_ONLY: Role.INDEX_KEYS,
 }
+_GROUP = {"dsv4_state": TransferGroup.STATE}
+"""Transfer groups other than ``kv``: DeepSeek-V4's compressor state is state, as on SGLang."""
 
 
 def _path(layer: VLLMLayer) -> str:
@@ -107,13 +110,12 @@ def owned_runs(layers: Sequence[VLLMLayer]) -> dict[str, list[tuple[int, int]]]:
 def _regions(layer: VLLMLayer, runs: list[tuple[int, int]]) -> tuple[TransferRegion, ...]:
     """The runs a layer owns, relative to its view; items of one block where they fit."""
     base, size = layer.view.data_ptr(), layer.block_bytes
+    group = _GROUP.get(layer.fmt.name, TransferGroup.KV)
     found = []
     for start, end in runs:
         length = end - start
         whole = length % size == 0 and (start - base) % max(layer.block_stride, 1) == 0
-        found.append(
-            TransferRegion(TransferGroup.KV, start - base, length, size if whole else length)
-        )
+        found.append(TransferRegion(group, start - base, length, size if whole else length))
     return tuple(found)
 
 
@@ -168,13 +170,13 @@ def _leaf(
     return PoolManifest(
         name=name,
         path=path,
-        role=_NODE_ROLE[first.fmt.kind],
+        role=Role.COMPRESS_STATE if first.fmt.spec is None else _NODE_ROLE[first.fmt.kind],
         kind=first.fmt.kind,
         native_class=qualified_name(type(native)),
         layer_ids=tuple(sorted({layer.layer_id for layer in layers})),
         page_size=first.fmt.states,
         token_capacity=first.num_blocks * first.fmt.states,
-        layout=first.fmt.spec.name,
+        layout="dsv4-compressor-state" if first.fmt.spec is None else first.fmt.spec.name,
         tensors=tuple(_tensors(walk, layers, name, owned)),
         details={
             "engine": "vllm",

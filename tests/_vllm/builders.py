@@ -204,6 +204,19 @@ def dsv4_indexer_spec(ratio: int) -> Any:
     )
 
 
+def dsv4_compressor_spec() -> Any:
+    """DeepSeek-V4's C4 compressor state (``DeepseekCompressor.get_kv_cache_spec``'s fields)."""
+    return SlidingWindowMLASpec(
+        block_size=4,
+        num_kv_heads=1,
+        max_tp_shards=1,
+        head_size=2048,  # 2 * coff * head_dim with coff = 2 (C4), head_dim = 512
+        dtype=torch.float32,
+        sliding_window=8,
+        alignment=576,
+    )
+
+
 def swa_mla_spec() -> Any:
     """A plain bf16 sliding-window MLA cache."""
     return SlidingWindowMLASpec(
@@ -238,6 +251,7 @@ def case_groups(case: str) -> tuple[list[tuple[list[str], Any]], str]:
             (names([2, 3], "self_attn.swa_cache"), dsv4_swa_spec()),
             (names([2, 3]), dsv4_kv_spec(4)),
             (names([2, 3], "self_attn.attn.indexer.k_cache"), dsv4_indexer_spec(4)),
+            (names([2, 3], "self_attn.attn.compressor"), dsv4_compressor_spec()),
         ], layout
     msg = f"unknown case {case!r}"
     raise KeyError(msg)

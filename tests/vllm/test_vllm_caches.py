@@ -34,8 +34,13 @@ def _adapt(case: str) -> tuple[builders.Built, kvcompat.KVPoolProtocol]:
     return built, kvcompat.adapt(built.kv_caches, config=built.config)
 
 
-def _leaves(pool: kvcompat.KVPoolProtocol) -> list[kvcompat.KVPoolProtocol]:
+def _all_leaves(pool: kvcompat.KVPoolProtocol) -> list[kvcompat.KVPoolProtocol]:
     return list(pool.components.values()) or [pool]
+
+
+def _leaves(pool: kvcompat.KVPoolProtocol) -> list[kvcompat.KVPoolProtocol]:
+    """The components with a token codec (DeepSeek-V4's compressor state has none)."""
+    return [part for part in _all_leaves(pool) if part.name != "state"]
 
 
 def _fill(built: builders.Built, seed: int = 0) -> None:
@@ -68,7 +73,10 @@ EXPECTED = {
     "swa-mla": ("latent", {}),
     "fp8_ds_mla-656": ("latent", {}),
     "fp8_ds_mla-528": ("latent", {}),
-    "dsv4": ("composite", {"swa": "single_kv", "c4": "single_kv", "indexer": "key_only"}),
+    "dsv4": (
+        "composite",
+        {"swa": "single_kv", "c4": "single_kv", "indexer": "key_only", "state": "key_only"},
+    ),
 }
 
 
@@ -88,7 +96,15 @@ def test_adapt_recognises_every_served_case(case: str) -> None:
             "model.layers.2.self_attn.swa_cache",
             "model.layers.2.self_attn.attn",
             "model.layers.2.self_attn.attn.indexer.k_cache",
+            "model.layers.2.self_attn.attn.compressor",
         )
+        state = pool.components["state"]
+        with pytest.raises(kvcompat.LayoutError, match="no token codec"):
+            state.read(2, torch.tensor([0]))
+        with pytest.raises(kvcompat.LayoutError, match="no token codec"):
+            state.write(2, torch.tensor([0]), torch.zeros(1, 1, 2048))
+        compressor = built.kv_caches["model.layers.2.self_attn.attn.compressor"]
+        assert state.get_key_buffer(2).data_ptr() == compressor.data_ptr()
         assert not kvcompat.is_single_kv_pool(pool)
         assert kvcompat.is_single_kv_pool(pool.components["c4"])
         assert pool.component_for(2) == "swa"
@@ -97,7 +113,7 @@ def test_adapt_recognises_every_served_case(case: str) -> None:
 @pytest.mark.parametrize("case", SERVED)
 def test_getters_view_the_registered_storage(case: str) -> None:
     built, pool = _adapt(case)
-    for part in _leaves(pool):
+    for part in _all_leaves(pool):
         for layer in part.layer_ids:
             name = part.layer_names[layer][0]  # type: ignore[attr-defined]
             view = built.kv_caches[name]
@@ -234,10 +250,10 @@ def test_descriptors_cover_every_registered_byte_once(case: str) -> None:
         for block in range(view.shape[0]):
             first = view.data_ptr() + block * view.stride(0) * view.element_size()
             expected.add((first, first + per_block))
-    merged: list[list[int]] = []
+    merged: list[list[int]] = []  # the union of the views' bytes (groups alias each other)
     for start, end in sorted(expected):
-        if merged and merged[-1][1] == start:
-            merged[-1][1] = end
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
     got: list[list[int]] = []
@@ -408,3 +424,44 @@ def test_multi_layer_calls_equal_the_per_layer_calls(case: str) -> None:
             )
             if not part.layout(layer).key.name.startswith(("v4", "dsa", "dsv4")):
                 assert torch.equal(single, keys[index].view(single.shape))
+
+
+def test_doctor_reports_the_installed_vllm() -> None:
+    import io
+
+    import vllm
+
+    from kvcompat.inspection._cli import run_doctor
+
+    out = io.StringIO()
+    assert run_doctor(out) == 0
+    assert f"  vllm         {vllm.__version__}" in out.getvalue()
+    assert f"vLLM {vllm.__version__}: a tested release" in out.getvalue()
+
+
+@pytest.mark.parametrize("case", SERVED)
+def test_the_demos_generic_decode_step_runs_unchanged(case: str) -> None:
+    """``kvcompat demo``'s key-first decode step, written once, on a vLLM cache as on SGLang's."""
+    from kvcompat._demo import attention, decode_attention
+    from kvcompat.testing import ReferenceMHATokenToKVPool
+
+    _, pool = _adapt(case)
+    sglang = kvcompat.adapt(ReferenceMHATokenToKVPool(64, 16, head_num=4, head_dim=64))
+    for target in (pool, sglang):
+        layer = target.layer_ids[-1]
+        spec = target.layout(layer).key
+        loc = torch.tensor([7, 2 * target.page_size + 1, 0, 3 * target.page_size])
+        keys = _values(target, layer, loc.numel(), 21)
+        values = _values(target, layer, loc.numel(), 22)
+        if not target.get_kv_buffer(layer).shared:  # K and V apart (MHA), composite or not
+            target.write(layer, loc, keys, values)
+            reference_values = values
+        else:
+            target.write(layer, loc, keys)
+            reference_values = keys[..., : target.layout(layer).value_dim or spec.dim]
+        width = spec.dim // spec.heads
+        query = torch.randn(8, width, generator=torch.Generator().manual_seed(3))
+        ours = decode_attention(target, layer, loc, query)
+        dense = attention(query, keys, reference_values)
+        exact = not spec.name.startswith(("v4", "dsa"))  # packed fp8: quantized keys
+        assert (ours - dense).abs().max().item() <= (0 if exact else 0.5)
