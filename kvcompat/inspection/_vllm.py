@@ -3,11 +3,12 @@
 Reads what ``kvcompat/adapters/_vllm_plan.py`` recorded (the registered views and their
 formats); no vLLM code runs. Each registered view is one tensor entry of its component;
 a KV-sharing alias (a name viewing another layer's cache) is listed as a view of it and
-owns no bytes. Transfer regions cover every byte of every registered view exactly once:
-a layer whose blocks are back to back (vLLM's layer-outer layouts, ``LBNHC``/``LBHNC``)
-is one run of ``B`` items of one block; a layer whose blocks are strided (block-outer,
-``BLHNC``/``BLNHC``: DeepSeek-V4) is ``B`` runs of one block each, so every
-descriptor is a plain ``(ptr, length, item_length)`` range a transfer engine can take.
+owns no bytes. Transfer regions cover every byte of every registered view exactly once, as plain
+``(ptr, length, item_length)`` ranges a transfer engine takes: a layer whose blocks are back
+to back (vLLM's layer-outer layouts, ``LBNHC``/``LBHNC``) is one run of ``B`` items of one
+block; under block-outer layouts (``BLHNC``/``BLNHC``: DeepSeek-V4) the storage's blocks
+are one run whose item is a whole block, every layer's page of it (:func:`block_runs`), so
+item ``b`` is block ``b``; strided layers that fit neither are one run per block.
 vLLM's KV-cache groups alias one another (:func:`owned_runs`): a byte two views cover is
 described once, under the first of them.
 """
@@ -31,7 +32,7 @@ from kvcompat.inspection._model import (
     TransferRegion,
 )
 
-__all__ = ["owned_runs", "vllm_node"]
+__all__ = ["block_runs", "owned_runs", "vllm_node"]
 
 _TENSOR_ROLE = {
     "mha": Role.PACKED_KV,
@@ -107,9 +108,43 @@ def owned_runs(layers: Sequence[VLLMLayer]) -> dict[str, list[tuple[int, int]]]:
     return owned
 
 
-def _regions(layer: VLLMLayer, runs: list[tuple[int, int]]) -> tuple[TransferRegion, ...]:
+def block_runs(layers: Sequence[VLLMLayer]) -> tuple[dict[str, int], set[str]]:
+    """Block-outer storages as one run of whole blocks: owner name -> block stride.
+
+    Under vLLM's block-outer layouts (``BLHNC``, ``BLNHC``) every layer of a block sits
+    inside that block's ``block_stride`` bytes, so the storage's blocks are one run whose
+    item is one block (every layer's page of it, page padding included): page ``b`` of
+    the run is block ``b``, as a transfer engine addresses it. Returns the layer whose
+    view starts the run (it carries the region) with the stride, and every layer the run
+    covers (they carry none). Layers on storages where that does not hold are left out.
+    """
+    by_storage: dict[int, list[VLLMLayer]] = {}
+    for layer in layers:
+        by_storage.setdefault(layer.view.untyped_storage().data_ptr(), []).append(layer)
+    owners: dict[str, int] = {}
+    covered: set[str] = set()
+    for storage, group in by_storage.items():
+        strides = {layer.block_stride for layer in group}
+        blocks = {layer.num_blocks for layer in group}
+        if len(strides) != 1 or len(blocks) != 1 or any(layer.contiguous for layer in group):
+            continue
+        stride, count = strides.pop(), blocks.pop()
+        first = min(group, key=lambda layer: layer.view.data_ptr())
+        base = first.view.data_ptr()
+        end = storage + first.view.untyped_storage().nbytes()
+        inside = all(layer.view.data_ptr() - base + layer.block_bytes <= stride for layer in group)
+        if not inside or base + count * stride > end:
+            continue
+        owners[first.name] = stride
+        covered.update(layer.name for layer in group)
+    return owners, covered
+
+
+def _regions(
+    layer: VLLMLayer, runs: list[tuple[int, int]], item: int | None = None
+) -> tuple[TransferRegion, ...]:
     """The runs a layer owns, relative to its view; items of one block where they fit."""
-    base, size = layer.view.data_ptr(), layer.block_bytes
+    base, size = layer.view.data_ptr(), item or layer.block_bytes
     group = _GROUP.get(layer.fmt.name, TransferGroup.KV)
     found = []
     for start, end in runs:
@@ -124,15 +159,25 @@ def _tensors(
     layers: tuple[VLLMLayer, ...],
     component: str,
     owned: Mapping[str, list[tuple[int, int]]],
+    blocks: tuple[dict[str, int], set[str]],
 ) -> list[TensorManifest]:
     found: list[TensorManifest] = []
+    owners, covered = blocks
     for layer in layers:
         if not walk.claim(layer.view) and layer.alias_of is None:
             continue
-        runs = owned.get(layer.name, [])
         alias = layer.alias_of
-        if alias is None and not runs:
-            alias = _owner_of(layer, owned)
+        item: int | None = None
+        if layer.name in owners:  # the run of whole blocks of its storage starts here
+            item = owners[layer.name]
+            start = layer.view.data_ptr()
+            runs = [(start, start + layer.num_blocks * item)]
+        elif layer.name in covered:
+            runs = []
+        else:
+            runs = owned.get(layer.name, [])
+            if alias is None and not runs:
+                alias = _owner_of(layer, owned)
         found.append(
             entry(
                 layer.view,
@@ -142,7 +187,7 @@ def _tensors(
                 layer_ids=(layer.layer_id,),
                 row_unit="page",
                 alias_of=None if alias is None else f"kv_caches[{alias!r}]",
-                regions=_regions(layer, runs),
+                regions=_regions(layer, runs, item),
             )
         )
     return found
@@ -162,6 +207,7 @@ def _leaf(
     native: VLLMKVCaches,
     layers: tuple[VLLMLayer, ...],
     owned: Mapping[str, list[tuple[int, int]]],
+    blocks: tuple[dict[str, int], set[str]],
     *,
     name: str,
     path: str,
@@ -177,7 +223,7 @@ def _leaf(
         page_size=first.fmt.states,
         token_capacity=first.num_blocks * first.fmt.states,
         layout="dsv4-compressor-state" if first.fmt.spec is None else first.fmt.spec.name,
-        tensors=tuple(_tensors(walk, layers, name, owned)),
+        tensors=tuple(_tensors(walk, layers, name, owned, blocks)),
         details={
             "engine": "vllm",
             "format": first.fmt.name,
@@ -203,12 +249,14 @@ def vllm_node(
         'vllm_node'
     """
     plan: VLLMPlan = native.plan
-    owned = owned_runs([layer for layer in plan.layers.values() if layer.alias_of is None])
+    own = [layer for layer in plan.layers.values() if layer.alias_of is None]
+    blocks = block_runs(own)
+    owned = owned_runs([layer for layer in own if layer.name not in blocks[1]])
     if len(parts) == 1:
         ((_, layers),) = parts.items()
-        return _leaf(walk, native, layers, owned, name=name, path=path)
+        return _leaf(walk, native, layers, owned, blocks, name=name, path=path)
     children = tuple(
-        _leaf(walk, native, layers, owned, name=part, path=f"{path}<{part}>")
+        _leaf(walk, native, layers, owned, blocks, name=part, path=f"{path}<{part}>")
         for part, layers in parts.items()
     )
     return PoolManifest(

@@ -262,7 +262,18 @@ def test_descriptors_cover_every_registered_byte_once(case: str) -> None:
             got[-1][1] = end
         else:
             got.append([start, end])
-    assert got == merged
+    if case.split("@")[1].startswith("LB"):
+        assert got == merged  # layer-outer: exactly the views' bytes
+    else:  # block-outer: whole blocks, every view's bytes inside, nothing past the storage
+        assert len(got) == 1
+        assert all(got[0][0] <= start and end <= got[0][1] for start, end in merged)
+        views = list(built.kv_caches.values())
+        storage = views[0].untyped_storage()
+        assert (
+            got[0][1] - got[0][0]
+            == views[0].shape[0] * views[0].stride(0) * views[0].element_size()
+        )
+        assert got[0][1] <= storage.data_ptr() + storage.nbytes()
     report = memory_report(pool)
     storages = {
         v.untyped_storage().data_ptr(): v.untyped_storage().nbytes()
@@ -465,3 +476,53 @@ def test_the_demos_generic_decode_step_runs_unchanged(case: str) -> None:
         dense = attention(query, keys, reference_values)
         exact = not spec.name.startswith(("v4", "dsa"))  # packed fp8: quantized keys
         assert (ours - dense).abs().max().item() <= (0 if exact else 0.5)
+
+
+def test_kv_sharing_aliases_serve_their_target_and_own_no_bytes() -> None:
+    """vLLM registers a KV-sharing layer under its own name, viewing its target's cache."""
+    built = builders.build("mha@LBNHC")
+    target = "model.layers.5.self_attn.attn"
+    caches = {**built.kv_caches, "model.layers.9.self_attn.attn": built.kv_caches[target]}
+    pool = kvcompat.adapt(caches, config=built.config)
+    assert pool.layer_ids == (5, 6, 7, 9)
+    assert pool.layer_names[9] == ("model.layers.9.self_attn.attn",)  # type: ignore[attr-defined]
+    assert pool.get_key_buffer(9).data_ptr() == pool.get_key_buffer(5).data_ptr()
+    alone = transfer_descriptors(kvcompat.adapt(built.kv_caches, config=built.config))
+    assert [(d.ptr, d.length) for d in transfer_descriptors(pool)] == [
+        (d.ptr, d.length) for d in alone
+    ]
+    entry = next(t for t in describe(pool).iter_tensors() if "layers.9." in t.path)
+    assert entry.alias_of == f"kv_caches[{target!r}]"
+    stray = {**built.kv_caches, "model.layers.9.self_attn.attn": torch.zeros(6, 4, 16, 128)}
+    with pytest.raises(kvcompat.LayoutError, match="in no KV-cache group"):
+        kvcompat.adapt(stray, config=built.config)
+
+
+@pytest.mark.parametrize(
+    "case", ["mha@LBNHC", "mha@BLHNC", "mla@LBNHC", "fp8_ds_mla-656@LBNHC", "dsv4@BLHNC"]
+)
+def test_transfer_plans_move_blocks_between_two_workers(case: str) -> None:
+    """``plan_transfer`` over two vLLM workers' caches: page ``b`` is block ``b``.
+
+    The plan's descriptors are executed with a host memmove, as a transfer engine would
+    move them; the destination's blocks then read what the source's did.
+    """
+    import ctypes
+
+    from kvcompat.transfer import plan_transfer, pool_spec
+
+    source, dest = builders.build(case), builders.build(case)
+    _fill(source, seed=31)
+    src = kvcompat.adapt(source.kv_caches, config=source.config)
+    dst = kvcompat.adapt(dest.kv_caches, config=dest.config)
+    plan = plan_transfer(
+        src, pool_spec(dst).to_json(), pages={"kv": [4, 1]}, dst_pages={"kv": [0, 5]}
+    )
+    for descriptor in plan.descriptors:
+        ctypes.memmove(descriptor.dst, descriptor.src, descriptor.length)
+    for part, other in zip(_leaves(src), _leaves(dst), strict=True):
+        per_block = part.page_size
+        for layer in part.layer_ids:
+            ours = part.read(layer, torch.arange(per_block) + 4 * per_block)
+            theirs = other.read(layer, torch.arange(per_block))
+            assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
