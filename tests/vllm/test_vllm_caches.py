@@ -526,3 +526,38 @@ def test_transfer_plans_move_blocks_between_two_workers(case: str) -> None:
             ours = part.read(layer, torch.arange(per_block) + 4 * per_block)
             theirs = other.read(layer, torch.arange(per_block))
             assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
+
+
+@pytest.mark.parametrize("case", ["dsv4@BLHNC"])
+def test_dsv4_writes_match_vllm_triton_writer_outside_the_e4m3_payload(case: str) -> None:
+    """vLLM's ``quantize_and_insert_k_cache`` (interpreter) and kvcompat write the same bytes.
+
+    Every byte but the e4m3 payload: the ue8m0 scales, the bf16 rope, the pad byte and every
+    untouched byte. The payload needs a GPU to compare (the interpreter rounds fp32 to e4m3
+    unlike the GPU); the reads of both caches are compared with vLLM's reader elsewhere.
+    """
+    cache_utils = pytest.importorskip("vllm.models.deepseek_v4.common.ops.cache_utils")
+    theirs_built, ours_built = builders.build(case), builders.build(case)
+    theirs = kvcompat.adapt(theirs_built.kv_caches, config=theirs_built.config)
+    ours = kvcompat.adapt(ours_built.kv_caches, config=ours_built.config)
+    part = ours.components["c4"]
+    layer = part.layer_ids[-1]
+    name = part.layer_names[layer][0]  # type: ignore[attr-defined]
+    loc = torch.tensor([4 * 64 + 3, 1 * 64 + 63, 0, 5 * 64 + 17])
+    keys = _values(part, layer, loc.numel(), 9) * 40  # values across the e4m3 range
+    part.write(layer, loc, keys)
+    view = theirs_built.kv_caches[name]
+    cache_utils.quantize_and_insert_k_cache(keys[:, 0].contiguous(), view[:, 0].flatten(1), loc)
+    a = torch.empty(0, dtype=torch.uint8).set_(view.untyped_storage())
+    b = torch.empty(0, dtype=torch.uint8).set_(ours_built.kv_caches[name].untyped_storage())
+    payload = torch.zeros_like(a, dtype=torch.bool)
+    start = view.storage_offset()
+    for slot in loc.tolist():
+        row = start + (slot // 64) * view.stride(0) + (slot % 64) * 576
+        payload[row : row + 448] = True
+    assert torch.equal(a[~payload], b[~payload])
+    assert not torch.equal(a, torch.zeros_like(a))  # vLLM's writer ran
+    # kvcompat reads what vLLM's writer stored, within the format's rounding.
+    back = theirs.components["c4"].read(layer, loc).float()
+    scale = keys.float().abs().amax(dim=-1, keepdim=True)
+    assert ((back - keys.float()).abs() <= scale / 4).all()
