@@ -26,10 +26,9 @@ Every getter returns a view of the registered view's storage (never a copy):
 one indexing op on the registered view; packed pages (DeepSeek-V4's ``V4`` and
 ``DSV4_INDEXER_FP8``) go through kvcompat's codecs on a zero-copy ``[B, page]`` view of the
 registered storage, strided by vLLM's block stride under block-outer layouts; ``fp8_ds_mla``
-token rows (``DSA_FP8``) go through the codec in place where the layer's blocks are back to
-back (layer-outer layouts, vLLM's default) and through a staging copy of the touched blocks
-under block-outer ones, written back with one indexed store after the codec has checked and
-encoded everything.
+token rows (``DSA_FP8``) go through the codec in place too: in one call where the layer's
+blocks are back to back (layer-outer layouts, vLLM's default), in one call per touched block
+under block-outer ones, every block's part checked before the first store.
 """
 
 from __future__ import annotations
@@ -271,14 +270,13 @@ class VLLMAdapter(AdapterBase):
         )
         return view[loc // states, :, loc % states]
 
-    def _packed_buffer(
-        self, layer: VLLMLayer, blocks: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        """``(buffer, rows, page_size)`` the codec reads: zero-copy, or a staging copy.
+    def _packed_buffer(self, layer: VLLMLayer) -> tuple[torch.Tensor, int]:
+        """``(buffer, page_size)`` the codec reads: a zero-copy view of the layer's storage.
 
-        With ``blocks`` None the buffer is the layer's own storage (layer-outer placement);
-        otherwise it is a contiguous copy of those blocks' pages and ``rows`` the strided
-        ``[B, page]`` view they were copied from (and are written back to).
+        Paged formats: ``[B, page]`` rows at vLLM's block stride (the codecs address pages
+        further apart than their size). Token rows (``fp8_ds_mla``) of a layer whose blocks
+        are back to back: ``[B * N, row]``. Token rows under a block-outer layout are not one
+        strided run: :meth:`_block_buffer` gives one block's rows instead.
         """
         fmt, spec = layer.fmt, self._codec(layer)
         states = fmt.states
@@ -292,29 +290,25 @@ class VLLMAdapter(AdapterBase):
             )
             raise LayoutError(msg)
         rows = block_rows(layer, row)
-        if blocks is None:
-            buffer = rows if fmt.paged else rows.view(-1, spec.bytes_per_token)
-            return buffer, None, states
-        staged = rows.index_select(0, blocks)
-        buffer = staged if fmt.paged else staged.view(-1, spec.bytes_per_token)
-        return buffer, rows, states
+        return (rows if fmt.paged else rows.view(-1, spec.bytes_per_token)), states
+
+    def _block_buffer(self, layer: VLLMLayer, block: int) -> torch.Tensor:
+        """One block's token rows ``[N, row]`` (contiguous inside the block), zero-copy."""
+        return layer.view[block, 0].view(torch.uint8)
 
     def _direct(self, layer: VLLMLayer) -> bool:
-        """Whether the codec reads the layer in place (else through a staging copy).
+        """Whether one codec call addresses the whole layer (else one call per block).
 
-        Paged formats (DeepSeek-V4's pages, the indexer pages) always: the codecs address
-        pages further apart than their size (block-outer layouts) from the view's pitch.
-        Token rows (``fp8_ds_mla``) when the layer's blocks are back to back; under a
-        block-outer layout its token rows are not one strided run.
+        Paged formats (DeepSeek-V4's pages, the indexer pages) always; token rows
+        (``fp8_ds_mla``) when the layer's blocks are back to back.
         """
-        fmt = layer.fmt
-        return fmt.paged or layer.contiguous
+        return layer.fmt.paged or layer.contiguous
 
-    def _local(self, layer: VLLMLayer, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(blocks, local loc)``: the distinct blocks of ``loc`` and ``loc`` in their copy."""
+    def _by_block(self, layer: VLLMLayer, loc: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """``[(block, positions in loc)]`` of the distinct blocks ``loc`` touches."""
         states = layer.fmt.states
         blocks, inverse = torch.unique(loc // states, return_inverse=True)
-        return blocks, inverse * states + loc % states
+        return [(int(block), (inverse == i).nonzero().flatten()) for i, block in enumerate(blocks)]
 
     def read(
         self,
@@ -342,12 +336,17 @@ class VLLMAdapter(AdapterBase):
             dense = rows if self.kind is PoolKind.SPLIT else rows.reshape(len(loc64), 1, -1)
         else:
             if self._direct(layer):
-                buffer, _, page = self._packed_buffer(layer, None)
+                buffer, page = self._packed_buffer(layer)
                 flat = dequantize(spec, buffer, loc64, page, validate=True, impl=impl)
-            else:
-                blocks, local = self._local(layer, loc64)
-                buffer, _, page = self._packed_buffer(layer, blocks)
-                flat = dequantize(spec, buffer, local, page, validate=True, impl=impl)
+            else:  # fp8_ds_mla rows under a block-outer layout: block by block, in place
+                flat = torch.empty(
+                    len(loc64), spec.dim, dtype=spec.output_dtype, device=layer.view.device
+                )
+                states = fmt.states
+                for block, where in self._by_block(layer, loc64):
+                    rows = self._block_buffer(layer, block)
+                    local = loc64[where] % states
+                    flat[where] = dequantize(spec, rows, local, states, validate=True, impl=impl)
             dense = flat.view(flat.shape[0], spec.heads, spec.dim // spec.heads)
         if out is not None:
             if tuple(out.shape) != tuple(dense.shape) or out.dtype != dense.dtype:
@@ -424,8 +423,8 @@ class VLLMAdapter(AdapterBase):
     ) -> Callable[[], None]:
         """Check a write of one layer completely; return the store that performs it.
 
-        Nothing is stored here (packed formats through a staging copy encode into the copy
-        only), so a multi-layer write checks every layer before the first store runs.
+        Nothing is stored here, so a multi-layer write checks every layer before the first
+        store runs.
         """
         layer = self._layer(layer_id)
         spec = self._codec(layer)
@@ -465,22 +464,30 @@ class VLLMAdapter(AdapterBase):
             rows = keys.view(n, 1, fmt.key_dim).to(fmt.logical)
             return partial(self._store_plain, layer, loc64, rows)
         if self._direct(layer):
-            buffer, _, page = self._packed_buffer(layer, None)
+            buffer, page = self._packed_buffer(layer)
             checked, _ = check_write(spec, buffer, loc64, key, page, check_finite=check_finite)
             return partial(
                 quantize, spec, checked, buffer, loc64, page, check_finite=False,
                 validate=False, impl=impl,
             )  # fmt: skip
-        blocks, local = self._local(layer, loc64)
-        staging, targets, page = self._packed_buffer(layer, blocks)
-        # The codec checks and encodes everything into the copy; the cache changes only in
-        # the one indexed store below, which writes the copied pages back.
-        quantize(spec, key, staging, local, page, check_finite=check_finite, impl=impl)
-        assert targets is not None  # a staged buffer always has its rows
-        staged = staging if fmt.paged else staging.view(blocks.numel(), -1)
+        # fp8_ds_mla rows under a block-outer layout: every block's part checked first, then
+        # each stored in place with one codec call per block.
+        checked = self._values(spec, key, n, device, check_finite, "key")
+        parts = []
+        for block, where in self._by_block(layer, loc64):
+            rows = self._block_buffer(layer, block)
+            local = loc64[where] % fmt.states
+            values, local = check_write(
+                spec, rows, local, checked[where], fmt.states, check_finite=False
+            )
+            parts.append((rows, local, values))
 
         def store() -> None:
-            targets.index_copy_(0, blocks, staged)
+            for rows, local, values in parts:
+                quantize(
+                    spec, values, rows, local, fmt.states, check_finite=False, validate=False,
+                    impl=impl,
+                )  # fmt: skip
 
         return store
 
