@@ -502,7 +502,8 @@ class VLLMKVCaches:
         'VLLMKVCaches'
     """
 
-    __slots__ = ("config", "device", "dtype", "kv_caches", "page_size", "plan", "size")
+    # No __slots__: tools that look for the storage a getter returns walk ``__dict__``
+    # (``kvcompat.testing.check_pool`` finds the registered views in ``kv_caches``).
 
     def __init__(self, kv_caches: Mapping[str, torch.Tensor], config: Any, plan: VLLMPlan) -> None:
         self.kv_caches = kv_caches
