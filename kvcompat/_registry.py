@@ -9,7 +9,10 @@ that imports this one sees them, whichever kvcompat module came first.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any, cast
+
+from torch import Tensor
 
 from kvcompat._compat._marker import proxy_adapter
 from kvcompat._errors import UnsupportedPoolError
@@ -29,6 +32,7 @@ from kvcompat._families import (
 from kvcompat._protocol import KVPoolProtocol, PoolKind
 from kvcompat.adapters._composite import CompositeParts
 from kvcompat.adapters._leaf import LeafAdapter
+from kvcompat.adapters.vllm import adapt_vllm, needs_config, refuse_config
 
 __all__ = [
     "Family",
@@ -41,15 +45,21 @@ __all__ = [
 ]
 
 
-def adapt(pool: Any) -> KVPoolProtocol:
+def adapt(pool: Any, *, config: Any = None) -> KVPoolProtocol:
     """Wrap a native KV pool in kvcompat's uniform, key-first API.
 
     Idempotent (an adapter is returned as is) and never mutates ``pool``.
     Building an adapter resolves every layer's buffers once, so adapt a pool
     once and keep the adapter rather than adapting on every step.
 
+    vLLM: ``adapt(kv_caches, config=kv_cache_config)`` with the ``dict[str, Tensor]``
+    that ``KVConnectorBase_V1.register_kv_caches`` receives and the ``KVCacheConfig``
+    the connector's constructor receives (``docs/vllm.md``). ``config`` is refused for
+    every other pool: SGLang pools carry their own geometry.
+
     Raises:
-        UnsupportedPoolError: ``pool`` is not a pool kvcompat knows (a TypeError).
+        UnsupportedPoolError: ``pool`` is not a pool kvcompat knows (a TypeError), a
+            ``config`` beside a pool that takes none, or a vLLM dict without its config.
 
     Example:
         >>> import kvcompat
@@ -60,6 +70,12 @@ def adapt(pool: Any) -> KVPoolProtocol:
         >>> k is v, kvcompat.adapt(pool) is pool
         (True, True)
     """
+    if config is not None:
+        if isinstance(pool, Mapping):
+            return adapt_vllm(pool, config)
+        raise refuse_config(pool, config)
+    if isinstance(pool, Mapping) and pool and all(isinstance(v, Tensor) for v in pool.values()):
+        raise needs_config(pool)
     proxied = proxy_adapter(pool)
     if proxied is not None:
         return proxied  # type: ignore[no-any-return]  # a kvcompat.compat proxy: its adapter

@@ -40,6 +40,7 @@ from kvcompat import _families  # the tables; importing kvcompat._registry fills
 from kvcompat._demo import build_demo_pools
 from kvcompat._errors import KVCompatError, UnsupportedPoolError
 from kvcompat._registry import Family, qualified_name
+from kvcompat.adapters._vllm_plan import TESTED_RELEASES
 from kvcompat.inspection._manifest import describe
 from kvcompat.inspection._memory import MemoryReport, memory_report
 from kvcompat.inspection._model import PoolManifest
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 # The engines kvcompat supports (vLLM is planned: its pools are not adapted yet).
-_ENGINES = ("sglang",)
+_ENGINES = ("sglang", "vllm")
 _SOURCES = ("demo",)
 
 
@@ -955,8 +956,8 @@ def _environment() -> dict[str, Any]:
 def run_doctor(out: TextIO, *, json: bool = False) -> int:
     """Print the environment kvcompat runs in, and how it sees the installed SGLang.
 
-    Reports Python, torch (version, CUDA, device), triton and SGLang (the one
-    engine kvcompat supports; vLLM is planned); when SGLang is installed, every
+    Reports Python, torch (version, CUDA, device), triton, SGLang and vLLM (with
+    whether its release is one the vLLM tier runs under); when SGLang is installed, every
     ``KVCache`` subclass in its source with the kind kvcompat assigns it, or
     ``unsupported`` and why, and whether SGLang's pool modules import: tried in
     a child process, so that neither sglang nor triton is imported here. If
@@ -976,7 +977,7 @@ def run_doctor(out: TextIO, *, json: bool = False) -> int:
         0
         >>> sorted(json.loads(buf.getvalue()))  # doctest: +NORMALIZE_WHITESPACE
         ['engines', 'kvcompat', 'python', 'seconds', 'sglang_classes', 'sglang_import',
-         'torch', 'triton']
+         'torch', 'triton', 'vllm']
     """
     started = time.perf_counter()
     env = _environment()
@@ -986,6 +987,12 @@ def run_doctor(out: TextIO, *, json: bool = False) -> int:
     env["sglang_import"] = (
         copy.deepcopy(dict(_sglang_import_check())) if sglang_dir is not None else None
     )
+    vllm_version = env["engines"]["vllm"]
+    env["vllm"] = {
+        "version": vllm_version,
+        "tested_releases": list(TESTED_RELEASES),
+        "tested": vllm_version in TESTED_RELEASES,
+    }
     env["seconds"] = round(time.perf_counter() - started, 3)
     if json:
         print(_json.dumps(env, indent=2), file=out)
@@ -1005,9 +1012,21 @@ def run_doctor(out: TextIO, *, json: bool = False) -> int:
     print(f"  torch    {torch_info['version']} ({cuda})", file=out)
     triton = triton_info["version"] or ("installed" if triton_info["installed"] else None)
     print(f"  triton   {triton or 'not installed'}", file=out)
-    print("engines (kvcompat supports SGLang; vLLM is planned)", file=out)
+    print("engines (kvcompat supports SGLang and vLLM)", file=out)
     for name, version in env["engines"].items():
         print(f"  {name:<12} {version or 'not installed'}", file=out)
+    tested = ", ".join(TESTED_RELEASES)
+    if vllm_version is not None:
+        verdict = (
+            "a tested release"
+            if env["vllm"]["tested"]
+            else "not a tested release: adapt() may refuse or misread its caches"
+        )
+        print(
+            f"vLLM {vllm_version}: {verdict} (tested: {tested}); adapt the connector's "
+            "caches with kvcompat.adapt(kv_caches, config=kv_cache_config).",
+            file=out,
+        )
     if sglang_dir is None:
         print("SGLang is not installed: no KVCache classes to check.", file=out)
         return 0

@@ -131,7 +131,8 @@ def test_doctor_json_shape() -> None:
     assert run_doctor(out, json=True) == 0
     data = json.loads(out.getvalue())
     assert set(data["torch"]) == {"version", "cuda_available", "cuda_version", "device_name"}
-    assert set(data["engines"]) == {"sglang"}  # the one supported engine (vLLM: planned)
+    assert set(data["engines"]) == {"sglang", "vllm"}
+    assert data["vllm"]["tested_releases"] == ["0.33.0", "0.34.0"]
     if data["engines"]["sglang"] is None:
         assert data["sglang_classes"] is None
         assert data["sglang_import"] is None

@@ -1,0 +1,3 @@
+"""``builders.py`` imports vLLM at module level: only the vLLM tier (``tests/vllm``) imports it."""
+
+collect_ignore = ["builders.py"]
