@@ -106,6 +106,35 @@ def layers_gpu_table(data: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def vllm_matrix_table(data: Path) -> str:
+    """Each vLLM case's outcome per release, from the tier's committed JSON."""
+    records = [
+        json.loads(path.read_text()) for path in sorted((data / "vllm-matrix").glob("*.json"))
+    ]
+    if not records:
+        return "No vLLM tier results are committed yet (`make vllm` writes them).\n"
+    releases = [record["release"] for record in records]
+    cases = sorted({case for record in records for case in record.get("cases", {})})
+    words = {"passed": "passed", "failed": "**failed**", "skipped": "not in this release"}
+    lines = [
+        "| case | " + " | ".join(f"vLLM {release}" for release in releases) + " |",
+        "|---|" + "---|" * len(releases),
+    ]
+    for case in cases:
+        served = "@" in case
+        what = f"`{case}` (served)" if served else f"`{case}` (refused with its name)"
+        cells = [words[record.get("cases", {}).get(case, "skipped")] for record in records]
+        if not served:
+            cells = ["refused, as tested" if cell == "passed" else cell for cell in cells]
+        lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    totals = [
+        f"{record['release']}: {record['passed']} passed, {record['skipped']} skipped, "
+        f"{record['failures'] + record['errors']} failed"
+        for record in records
+    ]
+    return "\n".join(lines) + "\n\nTotals: " + "; ".join(totals) + ".\n"
+
+
 def write_generated(folder: Path) -> None:
     """Write every generated fragment under ``folder``."""
     folder.mkdir(exist_ok=True)
@@ -113,6 +142,7 @@ def write_generated(folder: Path) -> None:
     for name, text in (
         ("supported_table.md", supported_table()),
         ("layers-gpu.md", layers_gpu_table(data)),
+        ("vllm-matrix.md", vllm_matrix_table(data)),
     ):
         target = folder / name
         if not target.exists() or target.read_text() != text:

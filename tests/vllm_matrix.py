@@ -119,6 +119,32 @@ def summarize(junit: Path) -> dict[str, int]:
     return {key: int(suite.get(key, "0")) for key in ("tests", "failures", "errors", "skipped")}
 
 
+def case_outcomes(junit: Path) -> dict[str, str]:
+    """Each parametrised case's outcome over its tests: passed, skipped or failed.
+
+    A case is the parameter id of ``test_name[case]`` (``mha@LBNHC``, ``dsv4@BLHNC``); it
+    failed if any of its tests failed or errored, passed if every test ran and passed, and
+    was skipped if none ran. What ``docs/vllm.md``'s per-case table is generated from.
+    """
+    outcomes: dict[str, set[str]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if "[" not in name:
+            continue
+        param = name[name.index("[") + 1 : name.rindex("]")]
+        if any(case.find(tag) is not None for tag in ("failure", "error")):
+            result = "failed"
+        elif case.find("skipped") is not None:
+            result = "skipped"
+        else:
+            result = "passed"
+        outcomes.setdefault(param, set()).add(result)
+    return {
+        param: "failed" if "failed" in seen else "passed" if "passed" in seen else "skipped"
+        for param, seen in sorted(outcomes.items())
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="*", default=list(RELEASES))
@@ -140,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
             "install_s": round(installed, 1),
             "tier_s": round(seconds, 1),
+            "cases": case_outcomes(junit),
         }
         (DATA / f"{release}.json").write_text(json.dumps(record, indent=2) + "\n")
         print(f"vLLM {release}: {record}")
