@@ -340,6 +340,21 @@ def _snapshot(tensors: list[torch.Tensor]) -> dict[tuple[str, int], tuple[Any, t
     return saved
 
 
+def _token_rows(spec: Any, buf: torch.Tensor) -> torch.Tensor:
+    """``buf`` as the layout's rows (a view).
+
+    A block-major ``[blocks, block_size, ...]`` buffer of token rows (vLLM's MLA caches) is
+    viewed as ``[blocks * block_size, ...]``, so that slot ``block * block_size + offset``
+    is row ``slot``, as the adapter addresses it.
+    """
+    if spec.paged or buf.dim() < 3 or not buf.is_contiguous():
+        return buf
+    row = buf[0].numel() * buf.element_size()
+    if row == spec.bytes_per_token or row % spec.bytes_per_token:
+        return buf
+    return buf.flatten(0, 1)
+
+
 def _owned_bytes(spec: Any, buf: torch.Tensor, loc: torch.Tensor, page: int) -> torch.Tensor:
     """Storage byte offsets the written tokens own in ``buf`` (data rows and scale rows)."""
     base = buf.storage_offset() * buf.element_size()
@@ -420,6 +435,7 @@ def _round_trip_one(
     except Exception as exc:  # noqa: BLE001 -- a failure is a finding
         state.fail("round_trip", where, f"read raised {type(exc).__name__}: {exc}")
         return
+    buffers = [_token_rows(spec, buf) for spec, buf in zip(specs, buffers, strict=True)]
     for what, spec, buf, given, got in zip(
         ("key", "value"), specs, buffers, values, read, strict=False
     ):

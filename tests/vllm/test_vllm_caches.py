@@ -561,3 +561,16 @@ def test_dsv4_writes_match_vllm_triton_writer_outside_the_e4m3_payload(case: str
     back = theirs.components["c4"].read(layer, loc).float()
     scale = keys.float().abs().amax(dim=-1, keepdim=True)
     assert ((back - keys.float()).abs() <= scale / 4).all()
+
+
+@pytest.mark.parametrize("case", SERVED)
+def test_the_conformance_check_passes_on_every_served_case(case: str) -> None:
+    """``kvcompat.testing.check_pool`` -- what a user runs on a pool -- finds nothing wrong."""
+    from kvcompat.testing import check_pool
+
+    _, pool = _adapt(case)
+    report = check_pool(pool)
+    assert report.ok, str(report)
+    kind = case.split("@", maxsplit=1)[0]
+    if kind in ("mla", "fp8_ds_mla-656", "fp8_ds_mla-528") and "LB" in case:
+        assert "round_trip" in report.passed, str(report)  # block-major rows, written in place
