@@ -123,24 +123,7 @@ def check_impl(impl: object) -> None:
 
 
 def _check_out(spec: LayoutSpec, out: torch.Tensor, n: int, device: torch.device) -> None:
-    if (
-        not isinstance(out, torch.Tensor)
-        or tuple(out.shape) != (n, spec.dim)
-        or out.dtype != spec.output_dtype
-        or out.device != device
-        or not out.is_contiguous()
-    ):
-        got = (
-            f"shape {list(out.shape)}, dtype {out.dtype}, device {out.device}, "
-            f"contiguous={out.is_contiguous()}"
-            if isinstance(out, torch.Tensor)
-            else type(out).__name__
-        )
-        msg = (
-            f"out must be a contiguous [{n}, {spec.dim}] {spec.output_dtype} tensor on "
-            f"{device} for layout {spec.name!r}; received {got}."
-        )
-        raise LayoutError(msg)
+    _check_out_shape(spec, out, (n, spec.dim), device)
 
 
 def dequantize(
