@@ -51,6 +51,7 @@ from kvcompat._errors import ImplError, LayoutError, WriteError
 from kvcompat._protocol import Impl
 from kvcompat.kernels._library import OPS as _KERNEL_OPS
 from kvcompat.kernels._library import empty_read, fresh
+from kvcompat.kernels._plan import word_bytes
 from kvcompat.kernels._select import dispatch, load_launchers
 from kvcompat.layouts._addressing import byte_rows, row_pitch
 from kvcompat.layouts._codec import PLAIN_CODEC, commit, dequantize_torch, encode_part
@@ -78,11 +79,13 @@ __all__ = [
     "BufferPlan",
     "Impl",
     "LayersPlan",
+    "RowMoves",
     "check_impl",
     "check_layer_loc",
     "check_write",
     "dequantize",
     "gather_rows_layers",
+    "move_rows_layers",
     "plan_buffer",
     "plan_layers",
     "quantize",
@@ -120,10 +123,6 @@ def check_impl(impl: object) -> None:
             "the call, the torch twin otherwise)."
         )
         raise ImplError(msg)
-
-
-def _check_out(spec: LayoutSpec, out: torch.Tensor, n: int, device: torch.device) -> None:
-    _check_out_shape(spec, out, (n, spec.dim), device)
 
 
 def dequantize(
@@ -187,7 +186,7 @@ def dequantize(
     if validate:
         loc = check_read(spec, buf, loc, page_size)
     if out is not None:
-        _check_out(spec, out, int(loc.shape[0]), buf.device)
+        _check_out_shape(spec, out, (int(loc.shape[0]), spec.dim), buf.device)
     if kernel:
         dense: torch.Tensor = _launch().gather_dequantize(
             spec, buf, loc, page_size, out=out, fnuz=fnuz
@@ -491,7 +490,7 @@ def read_planned(
         loc = loc.long()
     if out is None:
         return plan.rows.index_select(0, loc)
-    _check_out(spec, out, int(loc.shape[0]), buf.device)
+    _check_out_shape(spec, out, (int(loc.shape[0]), spec.dim), buf.device)
     return torch.index_select(plan.rows, 0, loc, out=out)
 
 
@@ -1123,6 +1122,170 @@ def scatter_rows_layers(
         return
     words = source.view(wide)
     commit([(dst.view(wide), rows64, words[layer]) for layer, dst in enumerate(dsts)])
+
+
+class RowMoves:
+    """Row moves from fixed source buffers into fixed destinations, checked once.
+
+    What :func:`move_rows_layers` runs, kept by a caller that moves rows between the same
+    buffers again and again (a direct pull, once per request): the buffers' widths,
+    pitches, devices and overlap are checked here, and each :meth:`run` only checks the
+    rows (or nothing, with ``validate=False``) before its one launch.
+
+    Raises:
+        LayoutError: bad buffers, or as many sources as destinations not given.
+
+    Example:
+        >>> import torch
+        >>> a = [torch.arange(6, dtype=torch.uint8).view(3, 2) + 10 * i for i in range(2)]
+        >>> b = [torch.zeros(4, 2, dtype=torch.uint8) for _ in range(2)]
+        >>> moves = RowMoves(a, b)
+        >>> moves.run(torch.tensor([2]), torch.tensor([0]))
+        >>> b[1][0].tolist()
+        [14, 15]
+    """
+
+    __slots__ = (
+        "_bases", "_counts", "_dst_pitch", "_impl", "_overlap", "_row_bytes", "_src_pitch",
+        "_wide", "_word", "dsts", "srcs",
+    )  # fmt: skip
+
+    def __init__(
+        self, srcs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor], *, impl: Impl = "auto"
+    ) -> None:
+        check_impl(impl)
+        row_bytes, src_count, src_pitch = _check_row_buffers(srcs, "srcs")
+        dst_bytes, dst_count, dst_pitch = _check_row_buffers(dsts, "dsts")
+        device = dsts[0].device
+        if len(srcs) != len(dsts) or row_bytes != dst_bytes or srcs[0].device != device:
+            msg = (
+                f"srcs and dsts must pair layer for layer with rows of one width on one "
+                f"device; received {len(srcs)} sources of {row_bytes} B rows on "
+                f"{srcs[0].device} and {len(dsts)} destinations of {dst_bytes} B rows on "
+                f"{device}."
+            )
+            raise LayoutError(msg)
+        self.srcs, self.dsts = list(srcs), list(dsts)
+        self._impl: Impl = impl
+        self._row_bytes, self._src_pitch, self._dst_pitch = row_bytes, src_pitch, dst_pitch
+        self._counts = (src_count, dst_count)
+        self._overlap = _any_overlap(self.srcs, self.dsts)
+        kernel = not self._overlap and _rows_kernel(impl, self.dsts)
+        # Planned once, not per run: the launch's bases and word size, or the twin's word views.
+        self._bases = (_row_bases(self.srcs), _row_bases(self.dsts)) if kernel else None
+        self._word = word_bytes(
+            row_bytes, src_pitch, dst_pitch, *(t.data_ptr() for t in (*self.srcs, *self.dsts))
+        )
+        self._wide = None if kernel or self._overlap else _wide_rows([*self.srcs, *self.dsts])
+
+    def check(
+        self, src_rows: torch.Tensor, dst_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(src_rows, dst_rows)`` checked for :meth:`run` (one host sync); nothing moves.
+
+        In range of their buffers, the destinations distinct, as many of each. Check every
+        batch of a move first to keep several runs all or nothing together.
+
+        Raises:
+            WriteError: bad rows.
+        """
+        device = self.dsts[0].device
+        src_rows = check_loc(
+            src_rows, capacity=self._counts[0], device=device, error=WriteError, unique=False
+        )
+        dst_rows = check_loc(
+            dst_rows, capacity=self._counts[1], device=device, error=WriteError, unique=True
+        )
+        if src_rows.shape != dst_rows.shape:
+            msg = (
+                f"src_rows and dst_rows must name as many rows; received {src_rows.shape[0]} "
+                f"and {dst_rows.shape[0]}."
+            )
+            raise WriteError(msg)
+        return src_rows, dst_rows
+
+    def run(self, src_rows: torch.Tensor, dst_rows: torch.Tensor, *, validate: bool = True) -> None:
+        """Copy row ``src_rows[i]`` of every source to row ``dst_rows[i]`` of its destination.
+
+        All or nothing. With ``validate`` the rows are checked first (:meth:`check`);
+        without, nothing is checked.
+
+        Raises:
+            WriteError: bad rows; nothing is written.
+        """
+        if validate:
+            src_rows, dst_rows = self.check(src_rows, dst_rows)
+        srcs, dsts = self.srcs, self.dsts
+        if self._overlap:  # every source row read before any destination row is written
+            moved = gather_rows_layers(srcs, src_rows, impl=self._impl)
+            scatter_rows_layers(dsts, dst_rows, moved, impl=self._impl, validate=False)
+            return
+        if self._bases is not None:
+            _launch().move_rows_layers(
+                srcs[0], self._bases[0], src_rows, dsts[0], self._bases[1], dst_rows,
+                row_bytes=self._row_bytes, src_pitch=self._src_pitch,
+                dst_pitch=self._dst_pitch, word=self._word,
+            )  # fmt: skip
+            return
+        if self._wide is not None:
+            srcs = [t.view(self._wide) for t in srcs]
+            dsts = [t.view(self._wide) for t in dsts]
+        take, put = src_rows.long(), dst_rows.long()
+        commit([(d, put, t.index_select(0, take)) for t, d in zip(srcs, dsts, strict=True)])
+
+
+def move_rows_layers(
+    srcs: Sequence[torch.Tensor],
+    src_rows: torch.Tensor,
+    dsts: Sequence[torch.Tensor],
+    dst_rows: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+    validate: bool = True,
+) -> None:
+    """Copy row ``src_rows[i]`` of ``srcs[l]`` to row ``dst_rows[i]`` of ``dsts[l]``: one pass.
+
+    All or nothing.
+
+    The pool-to-pool form of a page move (a direct transfer): no staging buffer, so each
+    byte is read and written once. Each ``srcs[l]`` / ``dsts[l]`` is a 2-D uint8 view of
+    rows (pages); every source has one row width and pitch, every destination too, and the
+    widths agree. On CUDA with triton one launch moves every layer; elsewhere one
+    ``index_select`` a layer, stored with one all-or-nothing :func:`commit`. Where a source
+    shares memory with a destination the rows are staged first, so the result is that of
+    reading every source row before writing any. To move rows between the same buffers
+    repeatedly, keep a :class:`RowMoves` (the buffer checks are made once).
+
+    Raises:
+        WriteError: ``src_rows`` / ``dst_rows`` out of range, of different lengths, or
+            ``dst_rows`` repeating a row (checked with ``validate``); nothing is written.
+        LayoutError: bad buffers, or as many sources as destinations not given.
+
+    Example:
+        >>> import torch
+        >>> a = [torch.arange(6, dtype=torch.uint8).view(3, 2) + 10 * i for i in range(2)]
+        >>> b = [torch.zeros(4, 2, dtype=torch.uint8) for _ in range(2)]
+        >>> move_rows_layers(a, torch.tensor([2, 0]), b, torch.tensor([1, 3]))
+        >>> b[1].tolist()
+        [[0, 0], [14, 15], [0, 0], [10, 11]]
+    """
+    RowMoves(srcs, dsts, impl=impl).run(src_rows, dst_rows, validate=validate)
+
+
+def _any_overlap(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    """Whether a tensor of ``a`` can share bytes with one of ``b``: one sweep, not |a| x |b|."""
+    spans = sorted(
+        (found[0], found[1], side)
+        for side, group in enumerate((a, b))
+        for tensor in group
+        if (found := span(tensor)) is not None
+    )
+    reach = [-1, -1]  # the furthest end seen so far on each side
+    for lo, hi, side in spans:
+        if lo < reach[1 - side]:
+            return True
+        reach[side] = max(reach[side], hi)
+    return False
 
 
 def _rows_kernel(impl: Impl, bufs: Sequence[torch.Tensor]) -> bool:

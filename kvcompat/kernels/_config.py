@@ -28,6 +28,7 @@ KernelFamily = Literal[
     "read_fp4",  # e2m1 pairs with e4m3 (V41_FP4) or power-of-two (fp4 indexer) scales
     "write_plain",  # a dtype cast per element (MHA, MLA, UNIFORM_FP8)
     "scatter_rows",  # plain rows write in the pool's own dtype: a word copy
+    "move_rows",  # pool rows to pool rows (a direct transfer's pages): a word copy
     "write_fp8",  # per-tile scale then e4m3 (V4, V41, DSA, fp8 indexer)
     "write_fp4",  # per-tile e4m3 scale then e2m1 (V41_FP4), fp32 values or the interpreter
     "write_fp4_pairs",  # the same from bf16 / fp16 pairs on a GPU (packed comparisons)
@@ -60,6 +61,7 @@ DEFAULTS: dict[KernelFamily, LaunchSettings] = {
     "read_fp4": LaunchSettings(block_tokens=4, num_warps=2),
     "write_plain": LaunchSettings(block_tokens=2, num_warps=2),
     "scatter_rows": LaunchSettings(block_tokens=2, num_warps=2),
+    "move_rows": LaunchSettings(block_tokens=1, num_warps=8),
     "write_fp8": LaunchSettings(block_tokens=2, num_warps=2),
     "write_fp4": LaunchSettings(block_tokens=8, num_warps=4),
     "write_fp4_pairs": LaunchSettings(block_tokens=4, num_warps=2),

@@ -43,6 +43,7 @@ __all__ = [
     "gather_dequantize",
     "gather_dequantize_layers",
     "layer_bases",
+    "move_rows_layers",
     "quantize_scatter",
     "quantize_scatter_layers",
 ]
@@ -489,4 +490,41 @@ def copy_rows_layers(
         jit._copy_rows_kernel[grid](
             src, dst, rows, bases, n, 1, row_stride, 0,
             **_kwargs(plan, settings, word), LAYERED=True,
+        )  # fmt: skip
+
+
+def move_rows_layers(
+    src: torch.Tensor,
+    src_bases: torch.Tensor,
+    src_rows: torch.Tensor,
+    dst: torch.Tensor,
+    dst_bases: torch.Tensor,
+    dst_rows: torch.Tensor,
+    *,
+    row_bytes: int,
+    src_pitch: int,
+    dst_pitch: int,
+    word: int,
+) -> None:
+    """Copy row ``src_rows[i]`` of every source layer to row ``dst_rows[i]`` of its destination.
+
+    One launch, no staging: ``src`` / ``dst`` are the first layer's rows, ``src_bases`` /
+    ``dst_bases`` every layer's byte offsets from them (:func:`layer_bases`), rows
+    ``src_pitch`` / ``dst_pitch`` bytes apart, moved in ``word``-byte words (a
+    :func:`word_bytes` of the row width, the pitches and every layer's row-0 address, which
+    the caller works out once). The caller validated everything.
+    """
+    layers, n = int(src_bases.shape[0]), int(src_rows.shape[0])
+    if n == 0 or layers == 0:
+        return
+    _check_device(src)
+    settings = launch_settings("move_rows", None if INTERPRETED else n * layers)
+    words = row_bytes // word
+    block, tail = chunk_words(words)
+    grid = (-(-n // settings.block_tokens), layers)
+    with _on_device(src):
+        jit._move_rows_kernel[grid](
+            src, dst, src_rows, dst_rows, src_bases, dst_bases, n, src_pitch, dst_pitch,
+            ROW_WORDS=words, WORD=word, BLOCK_C=block, TAIL_C=tail,
+            BLOCK_T=settings.block_tokens, num_warps=settings.num_warps,
         )  # fmt: skip

@@ -61,6 +61,7 @@ from kvcompat.kernels._triton_fp8 import (
 from kvcompat.kernels._triton_plain import (
     _copy_block,
     _copy_rows_kernel,
+    _move_rows_kernel,
     _write_plain_kernel,
 )
 
@@ -87,6 +88,7 @@ __all__ = [
     "_max_bf16x2",
     "_max_f16x2",
     "_max_nan",
+    "_move_rows_kernel",
     "_peak",
     "_prefetch_edges",
     "_prefetch_l2",

@@ -77,6 +77,50 @@ def _copy_block(src_ptr, dst_ptr, pool_row, dense_row, col, mask, GATHER: tl.con
     tl.store(dst_ptr + (dst[:, None] + col[None, :]), words, mask=mask)
 
 
+@triton.jit
+def _move_rows_kernel(
+    src_ptr,
+    dst_ptr,
+    src_rows_ptr,
+    dst_rows_ptr,
+    src_bases_ptr,
+    dst_bases_ptr,
+    n,
+    SRC_PITCH,
+    DST_PITCH,
+    ROW_WORDS: tl.constexpr,
+    WORD: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    TAIL_C: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Copy row ``src_rows[i]`` of layer ``l``'s source to row ``dst_rows[i]`` of its destination.
+
+    Pool to pool in one pass (a direct transfer): the second grid axis is the layer, whose
+    source and destination sit ``src_bases[l]`` / ``dst_bases[l]`` bytes from the launch's
+    pointers; rows are ``SRC_PITCH`` / ``DST_PITCH`` bytes apart.
+    """
+    src_ptr = _word_ptr(src_ptr, WORD)
+    dst_ptr = _word_ptr(dst_ptr, WORD)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    layer = tl.program_id(1).to(tl.int64)
+    src_row = tl.load(src_rows_ptr + tok, mask=live, other=0).to(tl.int64)
+    dst_row = tl.load(dst_rows_ptr + tok, mask=live, other=0).to(tl.int64)
+    src_at = (tl.load(src_bases_ptr + layer) + src_row * SRC_PITCH) // WORD
+    dst_at = (tl.load(dst_bases_ptr + layer) + dst_row * DST_PITCH) // WORD
+    main_end: tl.constexpr = ROW_WORDS // BLOCK_C * BLOCK_C
+    for c0 in tl.static_range(0, main_end, BLOCK_C):
+        col = c0 + tl.arange(0, BLOCK_C)
+        words = tl.load(src_ptr + (src_at[:, None] + col[None, :]), mask=live[:, None])
+        tl.store(dst_ptr + (dst_at[:, None] + col[None, :]), words, mask=live[:, None])
+    if TAIL_C > 0:
+        col = main_end + tl.arange(0, TAIL_C)
+        mask = live[:, None] & (col[None, :] < ROW_WORDS)
+        words = tl.load(src_ptr + (src_at[:, None] + col[None, :]), mask=mask)
+        tl.store(dst_ptr + (dst_at[:, None] + col[None, :]), words, mask=mask)
+
+
 # ------------------------------------------------------------------ plain rows: write
 
 

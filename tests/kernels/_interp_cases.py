@@ -47,6 +47,7 @@ from _kernel_checks import (
     fp32_scale_rows_any_bits,
     layered_matches_per_layer,
     layered_rows_match,
+    moved_rows_match,
     read_matches_twin,
     refuses_out_of_range,
     rocm_scale_parts,
@@ -242,6 +243,10 @@ def test_a_layered_launch_equals_one_twin_call_per_layer(spec: LayoutSpec) -> No
 
 def test_layered_raw_rows_on_strided_buffers() -> None:
     layered_rows_match("cpu")
+
+
+def test_pool_to_pool_row_moves_on_strided_buffers() -> None:
+    moved_rows_match("cpu")
 
 
 @pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)

@@ -362,6 +362,33 @@ def layered_rows_match(device: str) -> None:
         assert torch.equal(b, expect), i
 
 
+def moved_rows_match(device: str) -> None:
+    """Pool-to-pool row moves (a direct transfer) on strided rows of different pitches.
+
+    Every destination row named gets its source row; every other byte of the destination
+    (between rows, other rows) stays; the sources are unchanged.
+    """
+    from kvcompat import _ops
+
+    g = torch.Generator().manual_seed(6)
+    src_back = [torch.randint(0, 256, (9, 96), generator=g).to(torch.uint8).to(device)
+                for _ in range(3)]  # fmt: skip
+    dst_back = [torch.randint(0, 256, (7, 72), generator=g).to(torch.uint8).to(device)
+                for _ in range(3)]  # fmt: skip
+    srcs = [b[:, 16:56] for b in src_back]  # 40-byte rows, 96 bytes apart
+    dsts = [b[:, 8:48] for b in dst_back]  # the same rows, 72 bytes apart
+    take = torch.tensor([8, 0, 3, 3], device=device)
+    put = torch.tensor([6, 1, 0, 4], device=device)
+    sources = [b.clone() for b in src_back]
+    expect = [b.clone() for b in dst_back]
+    for i, e in enumerate(expect):
+        e[put, 8:48] = sources[i][take, 16:56]
+    _ops.move_rows_layers(srcs, take, dsts, put, impl="triton")
+    for i in range(3):
+        assert torch.equal(dst_back[i], expect[i]), i
+        assert torch.equal(src_back[i], sources[i]), i
+
+
 def strided_matches_contiguous(
     spec: LayoutSpec, page_size: int, dtype: torch.dtype, device: str, impls: tuple[str, ...]
 ) -> None:

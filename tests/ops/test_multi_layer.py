@@ -359,3 +359,91 @@ def test_raw_row_moves_equal_byte_indexing_on_any_alignment(
     scatter_rows_layers(views, where.long(), payload, impl="torch")
     for b, e in zip(backing, expect, strict=True):
         assert torch.equal(b, e)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    width=st.sampled_from([1, 2, 6, 40, 64]),
+    pads=st.tuples(st.sampled_from([0, 3, 8]), st.sampled_from([0, 5, 16])),
+    data=st.data(),
+)
+def test_pool_to_pool_moves_copy_the_named_rows_and_nothing_else(
+    width: int, pads: tuple[int, int], data: Any
+) -> None:
+    from kvcompat._ops import move_rows_layers
+
+    g = torch.Generator().manual_seed(width + 7 * pads[0] + pads[1])
+    src_pitch, dst_pitch = width + pads[0], width + pads[1]
+    src_back = [torch.randint(0, 256, (8 * src_pitch,), generator=g).to(torch.uint8)
+                for _ in range(2)]  # fmt: skip
+    dst_back = [torch.randint(0, 256, (6 * dst_pitch,), generator=g).to(torch.uint8)
+                for _ in range(2)]  # fmt: skip
+    srcs = [b.as_strided((8, width), (src_pitch, 1)) for b in src_back]
+    dsts = [b.as_strided((6, width), (dst_pitch, 1)) for b in dst_back]
+    put = data.draw(st.lists(st.integers(0, 5), max_size=6, unique=True))
+    take = data.draw(st.lists(st.integers(0, 7), min_size=len(put), max_size=len(put)))
+    sources = [b.clone() for b in src_back]
+    expect = [b.clone() for b in dst_back]
+    for i, e in enumerate(expect):
+        e.as_strided((6, width), (dst_pitch, 1))[torch.tensor(put, dtype=torch.long)] = srcs[i][
+            torch.tensor(take, dtype=torch.long)
+        ]
+    move_rows_layers(
+        srcs,
+        torch.tensor(take, dtype=torch.long),
+        dsts,
+        torch.tensor(put, dtype=torch.long),
+        impl="torch",
+    )
+    for i in range(2):
+        assert torch.equal(dst_back[i], expect[i])
+        assert torch.equal(src_back[i], sources[i])
+
+
+def test_pool_to_pool_moves_refuse_bad_rows_and_write_nothing() -> None:
+    from kvcompat._ops import move_rows_layers
+
+    srcs = [torch.arange(12, dtype=torch.uint8).view(4, 3) for _ in range(2)]
+    dsts = [torch.zeros(5, 3, dtype=torch.uint8) for _ in range(2)]
+    with pytest.raises(WriteError, match=r"duplicate|repeat|distinct"):
+        move_rows_layers(srcs, torch.tensor([0, 1]), dsts, torch.tensor([2, 2]))
+    with pytest.raises(WriteError, match=r"outside|range"):
+        move_rows_layers(srcs, torch.tensor([4]), dsts, torch.tensor([0]))
+    with pytest.raises(WriteError, match="as many rows"):
+        move_rows_layers(srcs, torch.tensor([0, 1]), dsts, torch.tensor([0]))
+    with pytest.raises(LayoutError, match="pair layer for layer"):
+        move_rows_layers(srcs[:1], torch.tensor([0]), dsts, torch.tensor([0]))
+    with pytest.raises(LayoutError, match="pair layer for layer"):
+        move_rows_layers(srcs, torch.tensor([0]), [d[:, :2] for d in dsts], torch.tensor([0]))
+    assert all(not d.any() for d in dsts)
+
+
+def test_pool_to_pool_moves_within_one_pool_read_every_row_before_writing() -> None:
+    from kvcompat._ops import move_rows_layers
+
+    pages = [torch.arange(8, dtype=torch.uint8).view(4, 2) + 10 * i for i in range(2)]
+    before = [p.clone() for p in pages]
+    move_rows_layers(pages, torch.tensor([0, 1]), pages, torch.tensor([1, 2]))  # a shift
+    for p, b in zip(pages, before, strict=True):
+        assert torch.equal(p[1:3], b[0:2])
+        assert torch.equal(p[0], b[0])
+        assert torch.equal(p[3], b[3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    spans=st.lists(
+        st.tuples(st.integers(0, 60), st.integers(1, 12), st.booleans()), min_size=1, max_size=8
+    )
+)
+def test_the_overlap_sweep_agrees_with_checking_every_pair(
+    spans: list[tuple[int, int, bool]],
+) -> None:
+    from kvcompat._ops import _any_overlap
+    from kvcompat.layouts._validate import overlaps
+
+    backing = torch.zeros(80, dtype=torch.uint8)
+    views = [(backing[lo : lo + n], side) for lo, n, side in spans]
+    a = [v for v, side in views if side]
+    b = [v for v, side in views if not side]
+    assert _any_overlap(a, b) == any(overlaps(x, y) for x in a for y in b)
