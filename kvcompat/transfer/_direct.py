@@ -3,9 +3,9 @@
 Where both pools are CUDA memory of one node, no engine and no staging are needed: the
 sender exports its pool's storages once as CUDA IPC handles (torch's own, the ones
 ``torch.multiprocessing`` sends), the receiver opens them, and every batch of a packed
-layout moves with one multi-layer gather from the peer's pages and one multi-layer
-scatter into its own (the same primitives a packed transfer uses, through a device
-buffer of one batch). The receiver drives it, so it knows when the pages arrived.
+layout moves with one launch that copies the peer's pages straight into its own: each
+byte is read and written once, with no staging (a packed transfer moves it three times).
+The receiver drives it, so it knows when the pages arrived.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.multiprocessing import reductions
 
-from kvcompat._ops import gather_rows_layers, scatter_rows_layers
+from kvcompat._ops import RowMoves
 from kvcompat.inspection import PoolManifest
 from kvcompat.inspection._static import MISSING, static_attr
 from kvcompat.transfer._errors import TransferError, TransferPlanError
@@ -173,8 +173,8 @@ class CudaIpcPeer:
         """Move ``plan``'s pages from the sender's pool into ``pool`` (this process's).
 
         ``plan`` is a ``method="direct"`` plan from the sender's spec to ``pool``; each
-        batch is one gather from the mapped buffers and one scatter into ``pool``. It
-        returns when the pages are in place (the current stream is synchronized).
+        batch is one launch copying the mapped pages into ``pool``'s. It returns when
+        the pages are in place (the current stream is synchronized).
 
         Raises:
             TransferPlanError: a plan that is not direct, or whose destination is not
@@ -208,13 +208,20 @@ class CudaIpcPeer:
                 torch.tensor(batch.src_pages, dtype=torch.int64, device=mine.device)
                 for batch in layout.batches
             ]
-            cached = (srcs, mine, rows, weakref.ref(pool))
+            moves = [
+                RowMoves(srcs[index], [mine.views[i] for i in batch.pairs])
+                for index, batch in enumerate(layout.batches)
+            ]
+            # Every batch's rows checked before the first moves (all or nothing); they are
+            # the plan's, so later pulls of it reuse them unchecked.
+            checked = [
+                move.check(rows[index], mine.rows[index]) for index, move in enumerate(moves)
+            ]
+            cached = (moves, mine, checked, weakref.ref(pool))
             self._packers[key] = cached
-        srcs, mine, rows, _ = cached
-        for index, batch in enumerate(layout.batches):
-            moved = gather_rows_layers(srcs[index], rows[index])
-            dsts = [mine.views[i] for i in batch.pairs]
-            scatter_rows_layers(dsts, mine.rows[index], moved)
+        moves, mine, checked, _ = cached
+        for move, (take, put) in zip(moves, checked, strict=True):
+            move.run(take, put, validate=False)
         if mine.device.startswith("cuda"):
             torch.cuda.current_stream(mine.device).synchronize()
 

@@ -90,7 +90,7 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 
 
 def choose_method(
-    method: str, descriptors: int, nbytes: int, memory: str = "DRAM"
+    method: str, descriptors: int, nbytes: int, memory: str = "DRAM", *, same_node: bool = False
 ) -> Literal["pages", "packed", "direct"]:
     """The method a plan of ``descriptors`` (coalesced) ranges and ``nbytes`` bytes uses.
 
@@ -103,10 +103,13 @@ def choose_method(
     copy_rate`` with the :data:`COSTS` of the memory type (a gather and a scatter pass
     over the bytes, plus the commit round trip); **pages** otherwise. On a GPU a request
     of tens of small descriptors already packs; on a CPU host, where the extra passes
-    cost more than the transfer, only thousands of sub-KiB descriptors do. ``"auto"``
-    never picks ``"direct"`` (whether the peer shares this node is not in the specs, and
-    no measurement says yet when it beats packing). ``"pages"``, ``"packed"`` and
-    ``"direct"`` force one, except that a plan moving nothing is never packed.
+    cost more than the transfer, only thousands of sub-KiB descriptors do. **direct**
+    instead when the caller says the peer shares this node (``same_node=True``) and both
+    sides are CUDA memory: a direct pull reads and writes each byte once, where a packed
+    transfer does so three times, and it needs no engine (measured faster than packed at
+    every request size, ``docs/transfer.md``); the specs cannot tell the node, so
+    ``"auto"`` never assumes it. ``"pages"``, ``"packed"`` and ``"direct"`` force one,
+    except that a plan moving nothing is never packed.
 
     Raises:
         TransferPlanError: an unknown method, or ``"direct"`` where a side is not CUDA
@@ -125,11 +128,20 @@ def choose_method(
         'packed'
         >>> choose_method("packed", 1, 100), choose_method("direct", 1, 100, "VRAM")
         ('packed', 'direct')
+        >>> choose_method("auto", 8, 8 * page, "VRAM", same_node=True)  # one node, GPU memory
+        'direct'
     """
     if method not in METHODS:
         msg = (
             f"method must be one of {', '.join(repr(m) for m in METHODS)}, got {method!r}.\n"
             "Hint: pass method='auto' to let the planner choose by request shape."
+        )
+        raise TransferPlanError(msg)
+    given: object = same_node  # callers without a type checker pass 1, "yes" or None
+    if not isinstance(given, bool):
+        msg = (
+            f"same_node must be True or False, got {same_node!r}.\nHint: pass same_node=True "
+            "when the receiving process runs on this node (CUDA IPC reaches it)."
         )
         raise TransferPlanError(msg)
     if method == "direct" and memory != "VRAM":
@@ -142,6 +154,8 @@ def choose_method(
         return "pages"
     if method in ("packed", "direct"):
         return "packed" if method == "packed" else "direct"
+    if same_node and memory == "VRAM":
+        return "direct"
     costs = COSTS.get(memory, COSTS["VRAM"])
     engine = descriptors * costs.per_descriptor
     packing = costs.fixed + 2 * nbytes / costs.copy_rate

@@ -489,6 +489,7 @@ def plan_transfer(
     groups: Iterable[Any] | None = None,
     coalesce: bool = True,
     method: str = "auto",
+    same_node: bool = False,
 ) -> TransferPlan:
     """Plan moving pages (or whole layers) of ``src`` into ``dst``; refuse any mismatch.
 
@@ -516,11 +517,13 @@ def plan_transfer(
             stream, the engine moves it, the receiver scatters it: see
             ``engine.prepare(..., staging=...)`` and ``engine.receive``) or
             ``"direct"`` (both pools CUDA memory of one node: the receiver pulls
-            through CUDA IPC, :class:`CudaIpcPeer`; never chosen by the rule). The rule
-            packs when what the engine would spend per descriptor exceeds what a
-            gather and a scatter pass cost (``docs/transfer.md``, "Packed
-            transfers"): on a GPU a request of tens of small descriptors packs, on
-            a CPU host only thousands of sub-KiB descriptors do.
+            through CUDA IPC, :class:`CudaIpcPeer`). The rule packs when what the
+            engine would spend per descriptor exceeds what a gather and a scatter pass
+            cost (``docs/transfer.md``, "Which method: the rule"): on a GPU a request
+            of tens of small descriptors packs, on a CPU host only thousands of
+            sub-KiB descriptors do; with ``same_node`` it pulls direct.
+        same_node: the receiving process runs on this node, so CUDA IPC reaches it;
+            with ``method="auto"`` a plan between two CUDA pools is then direct.
 
     Returns:
         The :class:`TransferPlan`.
@@ -583,7 +586,9 @@ def plan_transfer(
     merged = descriptors if coalesce else _coalesce(segments)
     mems = {b.memory[0] for pair in pairs for b in pair}
     memory = mems.pop() if len(mems) == 1 else "MIXED"
-    chosen_method = choose_method(method, len(merged), sum(d.length for d in merged), memory)
+    chosen_method = choose_method(
+        method, len(merged), sum(d.length for d in merged), memory, same_node=same_node
+    )
     packing = None if chosen_method == "pages" else pack_layout(pairs, ids)
     return TransferPlan(
         mine, theirs, tuple(pairs), tuple(descriptors), coalesce, chosen_method, packing

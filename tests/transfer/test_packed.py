@@ -519,3 +519,20 @@ def test_mooncake_packed_failure_mid_way_commits_nothing_and_writes_nothing() ->
         assert prepared.packed.commit == b""  # not even the first run's: nothing to scatter
     after = snapshot(b)
     assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_auto_pulls_direct_only_when_told_the_peer_shares_the_node() -> None:
+    one_k = (61 * 16, 61 * 16 * 37440)
+    assert choose_method("auto", *one_k, "VRAM", same_node=True) == "direct"
+    assert choose_method("auto", 8, 8 * 37440, "VRAM", same_node=True) == "direct"
+    assert choose_method("auto", *one_k, "VRAM") == "packed"  # the peer may be anywhere
+    # CPU memory has no direct path: the rule decides as without same_node
+    assert choose_method("auto", *one_k, "DRAM", same_node=True) == "pages"
+    assert choose_method("auto", 4096, 4096 * 256, "DRAM", same_node=True) == "packed"
+    assert choose_method("auto", 0, 0, "VRAM", same_node=True) == "pages"  # nothing to move
+    assert choose_method("pages", *one_k, "VRAM", same_node=True) == "pages"  # an override
+    a, b = _pair("dsv4_single", 4)
+    assert plan_transfer(a, b, pages={"kv": [0]}, same_node=True).method == "pages"
+    for bad in (1, "yes", None):
+        with pytest.raises(TransferPlanError, match="same_node must be True or False"):
+            plan_transfer(a, b, pages={"kv": [0]}, same_node=bad)  # type: ignore[arg-type]
