@@ -217,6 +217,107 @@ def bench_strided(layers: int, n: int, reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _single_calls(pool: Any, layer: int, loc: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The one-layer calls of ``bench_single`` on ``pool``'s ``layer`` (and torch's own)."""
+    spec = pool.layout(layer).key
+    n = int(loc.numel())
+    out = torch.empty(n, spec.heads, spec.dim // spec.heads, dtype=spec.output_dtype,
+                      device="cuda")  # fmt: skip
+    calls: dict[str, Callable[[], object]] = {
+        "read": lambda: pool.read(layer, loc, out=out, wait=False),
+        "read, validate=False": lambda: pool.read(layer, loc, out=out, wait=False,
+                                                  validate=False),
+    }  # fmt: skip
+    if pool.layout(layer).value is None:
+        return calls
+    k_buf, v_buf = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
+    keys = torch.randn_like(out)
+    calls["torch k_buffer[loc]"] = lambda: torch.index_select(k_buf, 0, loc, out=out)
+    calls["write, validate=False"] = lambda: pool.write(
+        layer, loc, keys, keys, validate=False, check_finite=False
+    )
+    calls["write"] = lambda: pool.write(layer, loc, keys, keys)
+    calls["torch index_copy_ (k and v)"] = lambda: (
+        k_buf.index_copy_(0, loc, keys),
+        v_buf.index_copy_(0, loc, keys),
+    )
+    return calls
+
+
+def bench_single(iters: int) -> list[dict[str, Any]]:
+    """One-layer eager calls (wall time, host cost included) against torch's own indexing.
+
+    V4 read of 4,096 tokens (validated and ``validate=False``), and MHA read / write of
+    4,096 tokens against ``k_buffer[loc]`` (``index_select``) and ``index_copy_`` of the
+    same rows; the per-call host cost is the time of an 8-token call.
+    """
+    rows: list[dict[str, Any]] = []
+    g = torch.Generator().manual_seed(1)
+    for kind in ("v4", "mha"):
+        pool = _pool(kind, 2, 1 << 16)
+        layer = pool.layer_ids[0]
+        per_token = _row_bytes(pool, layer, write=False)
+        for n in (8, 4096):
+            loc = torch.randperm(pool.size, generator=g)[:n].to("cuda")
+            for name, fn in _single_calls(pool, layer, loc).items():
+                seconds = _wall(fn, iters)
+                moved = n * per_token * (2 if "write" in name or "k and v" in name else 1)
+                rows.append({"pool": kind, "layers": 1, "tokens": n, "op": name.split(",")[0],
+                             "impl": name, "time": "wall", "us": seconds * 1e6,
+                             "GBps": moved / seconds / 1e9})  # fmt: skip
+    return rows
+
+
+def bench_sweep(layers: int, n: int, reps: int) -> list[dict[str, Any]]:
+    """Launch settings of the V4 read and write kernels, one layer per launch and all layers.
+
+    For each (tokens per program, warps), the multi-layer call and the
+    per-layer loop, both captured in a CUDA graph (GPU time), as shares of a copy of the
+    same bytes: whether the layered launch wants other settings than a one-layer one.
+    """
+    from kvcompat.kernels._config import OVERRIDES, LaunchSettings
+
+    pool = _pool("v4", layers, max(2 * n, 1 << 16))
+    ids = pool.layer_ids
+    g = torch.Generator().manual_seed(0)
+    loc = torch.randperm(pool.size, generator=g)[:n].to("cuda")
+    out = torch.empty(layers, n, 1, 512, dtype=torch.bfloat16, device="cuda")
+    keys = torch.randn(layers, n, 1, 512, device="cuda").to(torch.bfloat16)
+    step = pool.plan()
+
+    def loop_read() -> None:
+        for i, layer in enumerate(ids):
+            pool.read(layer, loc, out=out[i], wait=False, validate=False, impl="triton")
+
+    def loop_write() -> None:
+        for i, layer in enumerate(ids):
+            pool.write(layer, loc, keys[i], validate=False, check_finite=False, impl="triton")
+
+    calls: dict[tuple[str, str], Callable[[], object]] = {
+        ("read", "multi"): lambda: step.read(loc, out=out, wait=False, validate=False,
+                                             impl="triton"),
+        ("read", "loop"): loop_read,
+        ("write", "multi"): lambda: step.write(loc, keys, validate=False, check_finite=False,
+                                               impl="triton"),
+        ("write", "loop"): loop_write,
+    }  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for op, family in (("read", "read_fp8"), ("write", "write_fp8")):
+        copy = _copy(layers * n * _row_bytes(pool, ids[0], write=op == "write"), reps)
+        for block in (1, 2, 4, 8):
+            for warps in (1, 2, 4):
+                for evict in (False,):
+                    OVERRIDES[family] = LaunchSettings(block, warps, evict)  # type: ignore[index]
+                    for how in ("multi", "loop"):
+                        seconds = _graph(calls[(op, how)], reps)
+                        rows.append({"pool": "v4", "layers": layers, "tokens": n, "op": op,
+                                     "impl": how, "block_tokens": block, "num_warps": warps,
+                                     "evict_first": evict, "us": seconds * 1e6,
+                                     "share_of_copy": copy / seconds})  # fmt: skip
+                    OVERRIDES.clear()
+    return rows
+
+
 def _machine() -> dict[str, Any]:
     import triton
 
@@ -247,10 +348,31 @@ def main() -> None:
     parser.add_argument(
         "--strided-only", action="store_true", help="only the strided vs contiguous rows"
     )
+    parser.add_argument(
+        "--single", action="store_true", help="also the one-layer eager calls vs torch indexing"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="only the V4 launch-settings sweep (no JSON rows)"
+    )
     args = parser.parse_args()
     machine = _machine()
     print(f"# {machine}")
     rows: list[dict[str, Any]] = []
+    if args.single:
+        for row in bench_single(args.iters):
+            rows.append(row)
+            print(f"{row['pool']:4} 1x{row['tokens']:<6} {row['impl']:28} {row['us']:9.1f} us "
+                  f"{row['GBps']:8.1f} GB/s")  # fmt: skip
+    if args.sweep:
+        for n in args.sizes:
+            for row in bench_sweep(args.layers, n, args.reps):
+                print(
+                    f"v4 {args.layers}x{n:<6} {row['op']:5} {row['impl']:5} "
+                    f"block {row['block_tokens']} warps {row['num_warps']} "
+                    f"evict {int(row['evict_first'])} {row['us']:9.1f} us "
+                    f"{100 * row['share_of_copy']:5.1f} % of copy"
+                )
+        return
     for n in args.sizes:
         for row in bench_strided(args.layers, n, args.reps):
             rows.append(row)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 from kvcompat.adapters import sglang
 
@@ -73,12 +75,21 @@ def _strided_cell(row: dict[str, object]) -> str:
     return f"strided / contiguous speed {100 * ratio:.1f} % |"
 
 
-def layers_gpu_table(data: Path) -> str:
+def _share_cell(row: dict[str, Any]) -> str:
+    share = row.get("share_of_copy")
+    if share is None:  # one-layer eager calls: compared with torch's op in the same table
+        return "(one layer, eager) |"
+    if math.isnan(share):  # no copy measured (the strided rows)
+        return _strided_cell(row)
+    return f"{100 * share:.1f} % |"
+
+
+def layers_gpu_table(data: Path, name: str = "layers-gpu.json") -> str:
     """The multi-layer benchmark's figures, from the committed JSON (or what is owed)."""
-    source = data / "layers-gpu.json"
+    source = data / name
     if not source.exists():
         return (
-            "No GPU figures are committed yet: `layers-gpu.json` under `docs/_data/` is written by "
+            f"No GPU figures are committed yet: `{name}` under `docs/_data/` is written by "
             "the command above on a CUDA device.\n"
         )
     found = json.loads(source.read_text())
@@ -95,12 +106,7 @@ def layers_gpu_table(data: Path) -> str:
     ]
     lines.extend(
         f"| {row['pool']} | {row['layers']} x {row['tokens']} | {row['op']} | "
-        f"{row['impl']} | {row['time']} | {row['us']:.1f} | {row['GBps']:.1f} | "
-        + (
-            f"{100 * row['share_of_copy']:.1f} % |"
-            if row["share_of_copy"] == row["share_of_copy"]  # NaN: no copy measured
-            else _strided_cell(row)
-        )
+        f"{row['impl']} | {row['time']} | {row['us']:.1f} | {row['GBps']:.1f} | " + _share_cell(row)
         for row in found["rows"]
     )
     return "\n".join(lines) + "\n"
@@ -142,6 +148,7 @@ def write_generated(folder: Path) -> None:
     for name, text in (
         ("supported_table.md", supported_table()),
         ("layers-gpu.md", layers_gpu_table(data)),
+        ("layers-strided-gpu.md", layers_gpu_table(data, "layers-strided-gpu.json")),
         ("vllm-matrix.md", vllm_matrix_table(data)),
     ):
         target = folder / name
