@@ -42,7 +42,15 @@ import torch
 
 from kvcompat._errors import LayoutError, NoValueBufferError, UnsupportedPoolError, WriteError
 from kvcompat._families import Family, _install
-from kvcompat._ops import check_write, dequantize, quantize
+from kvcompat._ops import (
+    LayersPlan,
+    check_write,
+    dequantize,
+    plan_layers,
+    quantize,
+    read_layers,
+    write_layers,
+)
 from kvcompat._protocol import Impl, KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._base import AdapterBase
 from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
@@ -624,17 +632,43 @@ class VLLMLayerPlan:
     own slots). Writes take ``key`` (and, for MHA, ``value``) ``[layers, n, heads, dim]``
     and check every layer before the first store.
 
+    Packed formats whose layers are each one run of pages or rows (DeepSeek-V4's pages,
+    its indexer pages, ``fp8_ds_mla`` under a layer-outer layout) are planned once over
+    every layer's strided view: a read or write is one launch for all the layers, as on
+    SGLang's pools. The others (MHA and MLA rows, indexed per head; ``fp8_ds_mla`` under a
+    block-outer layout) move layer by layer.
+
     Attributes:
         layers: the layer ids, in call order (``out[i]`` is ``layers[i]``).
         layout: the layers' shared :class:`~kvcompat.adapters.LayerLayout`.
     """
 
-    __slots__ = ("_adapter", "layers", "layout")
+    __slots__ = ("_adapter", "_fused", "layers", "layout")
 
     def __init__(self, adapter: VLLMAdapter, layers: tuple[int, ...]) -> None:
         self._adapter = adapter
         self.layers = layers
         self.layout = adapter.layout(layers[0])
+        self._fused = self._fuse()
+
+    def _fuse(self) -> LayersPlan | None:
+        """One plan over every layer's packed pages, or None where the layers move one by one."""
+        adapter = self._adapter
+        found = [adapter._layers[layer] for layer in self.layers]
+        if not all(layer.fmt.packed and adapter._direct(layer) for layer in found):
+            return None
+        buffers = [adapter._packed_buffer(layer) for layer in found]
+        if len({page for _, page in buffers}) != 1:
+            return None
+        try:
+            return plan_layers(adapter._codec(found[0]), [buf for buf, _ in buffers], buffers[0][1])
+        except LayoutError:  # pitches differ between layers: one by one
+            return None
+
+    @property
+    def fused(self) -> bool:
+        """Whether a call moves every planned layer with one launch (one kernel call)."""
+        return self._fused is not None
 
     def _locs(self, loc: Any, error: type[LayoutError | WriteError]) -> list[Any]:
         if isinstance(loc, torch.Tensor) and loc.dim() == 2:
@@ -648,6 +682,10 @@ class VLLMLayerPlan:
         return [loc] * len(self.layers)
 
     def _per_layer(self, values: Any, what: str) -> list[Any]:
+        self._check_stacked(values, what)
+        return list(values)
+
+    def _check_stacked(self, values: Any, what: str) -> None:
         if (
             not isinstance(values, torch.Tensor)
             or values.dim() < 2
@@ -660,7 +698,6 @@ class VLLMLayerPlan:
                 "Hint: stack the per-layer tensors: torch.stack(per_layer)."
             )
             raise WriteError(msg)
-        return list(values)
 
     def read(
         self,
@@ -672,6 +709,23 @@ class VLLMLayerPlan:
         impl: Impl = "auto",
     ) -> torch.Tensor:
         """Dense keys ``[layers, n, heads, dim]``."""
+        if self._fused is not None:
+            self._locs(loc, LayoutError)
+            spec = self.layout.key
+            n = int(loc.shape[-1]) if isinstance(loc, torch.Tensor) and loc.dim() else -1
+            shape = (len(self.layers), n, spec.heads, spec.dim // spec.heads)
+            if (
+                out is not None
+                and tuple(out.shape) == shape
+                and out.dtype == spec.output_dtype
+                and out.is_contiguous()
+            ):  # straight into the caller's buffer: no copy, nothing allocated
+                read_layers(self._fused, loc, out=out.view(*shape[:2], -1), validate=validate,
+                            impl=impl)  # fmt: skip
+                return out
+            flat = read_layers(self._fused, loc, validate=validate, impl=impl)
+            dense = flat.view(*flat.shape[:2], spec.heads, spec.dim // spec.heads)
+            return dense if out is None else self._into(out, dense)
         locs = self._locs(loc, LayoutError)
         dense = torch.stack(
             [
@@ -679,8 +733,9 @@ class VLLMLayerPlan:
                 for layer, at in zip(self.layers, locs, strict=True)
             ]
         )
-        if out is None:
-            return dense
+        return dense if out is None else self._into(out, dense)
+
+    def _into(self, out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         if tuple(out.shape) != tuple(dense.shape) or out.dtype != dense.dtype:
             msg = (
                 f"{self._adapter.name}: out is {list(out.shape)} {out.dtype}; the read gives "
@@ -713,6 +768,13 @@ class VLLMLayerPlan:
         impl: Impl = "auto",
     ) -> None:
         """Store ``key[i]`` (and ``value[i]``) at layer ``layers[i]`` — all or nothing."""
+        if self._fused is not None and value is None:
+            self._locs(loc, WriteError)
+            self._check_stacked(key, "key")
+            write_layers(
+                self._fused, loc, key, check_finite=check_finite, validate=validate, impl=impl
+            )
+            return
         locs = self._locs(loc, WriteError)
         keys = self._per_layer(key, "key")
         values = [None] * len(keys) if value is None else self._per_layer(value, "value")

@@ -10,6 +10,7 @@ out of order.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -435,6 +436,72 @@ def test_multi_layer_calls_equal_the_per_layer_calls(case: str) -> None:
             )
             if not part.layout(layer).key.name.startswith(("v4", "dsa", "dsv4")):
                 assert torch.equal(single, keys[index].view(single.shape))
+
+
+@pytest.mark.parametrize(
+    ("case", "fused"),
+    [
+        pytest.param(case, fused, id=case)  # the id is the case: the tier's per-case table
+        for case, fused in (
+            ("dsv4@BLHNC", True),
+            ("dsv4@BLNHC", True),
+            ("fp8_ds_mla-656@LBNHC", True),
+            ("fp8_ds_mla-656@BLHNC", False),
+            ("mla@BLHNC", False),
+            ("mha@BLHNC", False),
+        )
+    ],
+)
+def test_packed_pages_of_every_layer_move_in_one_call(
+    case: str, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeepSeek-V4 pages (strided per layer under block-outer layouts) are one multi-layer
+    call: one read_layers / write_layers for every layer, none per layer; per-layer slots
+    too. Formats indexed per head or per block move layer by layer."""
+    import kvcompat.adapters.vllm as vllm_adapter
+
+    built, pool = _adapt(case)
+    theirs, other = _adapt(case)
+    _fill(built, seed=3)
+    _fill(theirs, seed=3)
+    for part in _leaves(pool):
+        layers = list(reversed(part.layer_ids))
+        step = part.plan(layers)  # type: ignore[attr-defined]
+        assert step.fused is fused, part.name
+        if not fused:
+            continue
+        twin = other.components[part.name] if other.components else other
+        per_layer = torch.stack([torch.randperm(part.size)[:5] for _ in layers])  # own slots
+        expect = torch.stack([twin.read(layer, per_layer[i]) for i, layer in enumerate(layers)])
+        keys = torch.stack([_values(part, layer, 5, 70 + i) for i, layer in enumerate(layers)])
+        for i, layer in enumerate(layers):
+            twin.write(layer, per_layer[i], keys[i])
+        calls: list[str] = []
+        for name in ("dequantize", "quantize"):
+            real = getattr(vllm_adapter, name)
+
+            def counted(
+                *args: Any,
+                _real: Any = real,
+                _name: str = name,
+                _calls: list[str] = calls,
+                **kwargs: Any,
+            ) -> Any:
+                _calls.append(_name)
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(vllm_adapter, name, counted)
+        got = step.read(per_layer)
+        into = torch.empty_like(got)
+        assert step.read(per_layer, out=into) is into  # read straight into the caller's buffer
+        assert torch.equal(into.view(torch.uint8), got.view(torch.uint8))
+        step.write(per_layer, keys)
+        monkeypatch.undo()
+        assert calls == [], calls  # no per-layer codec call
+        assert torch.equal(got.view(torch.uint8), expect.view(torch.uint8))
+        mine, twins = _storages(built).values(), _storages(theirs).values()
+        for raw, raw_twin in zip(mine, twins, strict=True):
+            assert torch.equal(raw, raw_twin), part.name
 
 
 def test_doctor_reports_the_installed_vllm() -> None:
