@@ -397,7 +397,7 @@ class BufferPlan:
     (:meth:`holds`), and the general path serves anything else.
     """
 
-    __slots__ = ("buf", "capacity", "ptr", "rows", "shape", "span", "spec", "store")
+    __slots__ = ("buf", "capacity", "chosen", "ptr", "rows", "shape", "span", "spec", "store")
 
     def __init__(self, spec: LayoutSpec, buf: torch.Tensor, capacity: int) -> None:
         self.spec, self.buf, self.capacity = spec, buf, capacity
@@ -409,6 +409,7 @@ class BufferPlan:
         # faster than their uint8 view on the CPU), or the bytes for 1-byte (fp8) elements,
         # which index_copy_ does not take.
         self.store = self.rows if self.rows.element_size() > 1 else raw
+        self.chosen: dict[Any, tuple[bool, Any]] = {}  # dispatch()'s memo for this buffer
 
     def holds(self, buf: torch.Tensor) -> bool:
         """Whether ``buf`` is the tensor this plan was made for, over the same memory."""
@@ -477,7 +478,7 @@ def read_planned(
         plan is None
         or not plan.holds(buf)
         or torch.compiler.is_compiling()
-        or dispatch(impl, spec, buf, write=False, fnuz=False)  # a kernel: the general path
+        or dispatch(impl, spec, buf, write=False, fnuz=False, memo=plan.chosen)  # a kernel
     ):
         return dequantize(
             spec, buf, loc, page_size, fnuz=fnuz, validate=validate, impl=impl, out=out
@@ -517,40 +518,44 @@ def quantize_planned(
         >>> buf[3].tolist()
         [[1.0, 1.0]]
     """
-    if (
-        fnuz
-        or not parts
-        or torch.compiler.is_compiling()
-        or any(
-            plan is None or not plan.holds(buf)
-            for plan, (_, _, buf, _) in zip(plans, parts, strict=True)
+    if fnuz or not parts or torch.compiler.is_compiling():
+        return quantize_parts(parts, page_size, fnuz=fnuz, impl=impl)
+    kernels = 0
+    for (spec, rows, buf, _), plan in zip(parts, plans, strict=True):
+        if plan is None or not plan.holds(buf):
+            return quantize_parts(parts, page_size, fnuz=fnuz, impl=impl)
+        kernels += dispatch(
+            impl, spec, buf, write=True, fnuz=False, values_dtype=rows.dtype, memo=plan.chosen
         )
-    ):
+    if kernels == len(parts):
         return quantize_parts(parts, page_size, fnuz=fnuz, impl=impl)
-    kernels = [
-        dispatch(impl, spec, buf, write=True, fnuz=False, values_dtype=rows.dtype)
-        for spec, rows, buf, _ in parts
-    ]
-    if all(kernels):
-        return quantize_parts(parts, page_size, fnuz=fnuz, impl=impl)
-    spans = [plan.span for plan in plans]  # type: ignore[union-attr]
     stores: list[Store] = []
     for (spec, given, _, loc), plan in zip(parts, plans, strict=True):
-        rows = given
-        if rows.shape[0]:
-            # Values that share memory with a buffer of this write are copied first
-            # (unaliased(), with the buffers' address ranges known from their plans).
-            mine = span(rows)
-            if mine is not None and any(lo < mine[1] and mine[0] < hi for lo, hi in spans):
-                rows = rows.clone(memory_format=torch.contiguous_format)
-            target = plan.store  # type: ignore[union-attr]
-            if rows.dtype == target.dtype:  # the stored dtype already: rows are the bytes
-                stores.append((target, loc, rows))
-                continue
-            data, _ = spec.codec.encode(spec, rows, fnuz=False)
-            stores.append((target, loc, data.view(target.dtype)))  # the encoded bytes
+        target = plan.store  # type: ignore[union-attr]
+        if not given.shape[0]:
+            continue
+        # Values that share memory with a buffer of this write are copied first (as
+        # unaliased() does, with the buffers' address ranges known from their plans).
+        rows = (
+            given.clone(memory_format=torch.contiguous_format)
+            if _touches_any(given, plans)
+            else given
+        )
+        if rows.dtype != target.dtype:  # else the rows are the stored elements already
+            rows = spec.codec.encode(spec, rows, fnuz=False)[0].view(target.dtype)
+        stores.append((target, loc, rows))
     commit(stores)
     return None
+
+
+def _touches_any(rows: torch.Tensor, plans: Sequence[BufferPlan | None]) -> bool:
+    """Whether ``rows`` can share bytes with a buffer of ``plans`` (none of them None)."""
+    mine = span(rows)
+    if mine is not None:
+        for plan in plans:
+            if plan.span[0] < mine[1] and mine[0] < plan.span[1]:  # type: ignore[union-attr]
+                return True
+    return False
 
 
 # ------------------------------------------------------------ many layers, one call

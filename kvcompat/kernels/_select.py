@@ -208,11 +208,16 @@ def dispatch(
     write: bool,
     fnuz: bool,
     values_dtype: torch.dtype | None = None,
+    memo: dict[Any, tuple[bool, Any]] | None = None,
 ) -> bool:
     """Decide (:func:`decide`), log the choice once, and say whether to launch the kernel.
 
     CUDA fallbacks log at INFO, every other first choice at DEBUG; a choice already
-    logged costs one set lookup.
+    logged costs one set lookup. A caller that dispatches on one buffer again and again
+    (a :class:`~kvcompat._ops.BufferPlan`) passes a ``memo`` of its own: the choice for
+    the same ``impl``, direction and value dtype is then looked up, not decided again
+    (everything else :func:`decide` reads is fixed for the buffer, and the environment
+    is read once until ``_log.reset()``, which also forgets the memo's entries).
 
     Example:
         >>> import torch
@@ -222,6 +227,11 @@ def dispatch(
         >>> dispatch("auto", V4, buf, write=False, fnuz=False)
         False
     """
+    asked = (impl, write, fnuz, values_dtype) if memo is not None and type(impl) is str else None
+    if asked is not None:
+        found = memo.get(asked)  # type: ignore[union-attr]
+        if found is not None and found[1] in _log.SEEN:  # logged since the last reset
+            return found[0]
     choice = decide(impl, spec, buf, write=write, fnuz=fnuz, values_dtype=values_dtype)
     key = ("write" if write else "read", spec.name, choice.impl, choice.reason)
     if key not in _log.SEEN:  # the hot path stops here after the first call
@@ -235,6 +245,8 @@ def dispatch(
             _WHO[choice.impl],
             choice.reason,
         )
+    if asked is not None:
+        memo[asked] = (choice.impl == "triton", key)  # type: ignore[index]
     return choice.impl == "triton"
 
 

@@ -127,6 +127,41 @@ def test_cpu_reads_and_writes_log_once_at_debug(caplog: pytest.LogCaptureFixture
     ]
 
 
+def test_a_pools_remembered_choices_end_at_a_reset(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned MHA/MLA calls remember the choice per buffer; a reset forgets it.
+
+    The environment is read once until ``_log.reset()``, so after a reset a pool already
+    used must log its choice again and obey a new ``KVCOMPAT_IMPL``.
+    """
+    pool = make_pool("mha")  # writes every token: its choices are remembered
+    _log.reset()
+    loc = torch.tensor([3, 1])
+    keys = torch.ones(2, 2, 8, dtype=torch.bfloat16)
+    caplog.set_level(logging.DEBUG, logger="kvcompat")
+    reason = "not a CUDA tensor (the kernels run on CUDA tensors)"
+    expected = [
+        (logging.DEBUG, f"write of layout 'mha_2x8_bf16' served by the torch twin: {reason}"),
+        (logging.DEBUG, f"read of layout 'mha_2x8_bf16' served by the torch twin: {reason}"),
+    ]
+    for _ in range(2):
+        caplog.clear()
+        for _ in range(3):
+            pool.write(0, loc, keys, keys)
+            pool.read(0, loc)
+        assert _records(caplog) == expected
+        _log.reset()
+    monkeypatch.setenv(_log.IMPL_ENV, "triton")
+    _log.reset()
+    before = pool.get_key_buffer(0).clone()
+    with pytest.raises(KernelUnavailableError, match="KVCOMPAT_IMPL=triton forces"):
+        pool.write(0, loc, 2 * keys, 2 * keys)
+    with pytest.raises(KernelUnavailableError, match="KVCOMPAT_IMPL=triton forces"):
+        pool.read(0, loc)
+    assert torch.equal(pool.get_key_buffer(0), before)
+
+
 def test_getters_never_log(caplog: pytest.LogCaptureFixture) -> None:
     pool = make_pool("v4")
     caplog.clear()
