@@ -141,6 +141,32 @@ def vllm_matrix_table(data: Path) -> str:
     return "\n".join(lines) + "\n\nTotals: " + "; ".join(totals) + ".\n"
 
 
+def host_cost_table(data: Path) -> str:
+    """``bench_host_cost.py``'s per-call figures and targets, from the committed JSON."""
+    source = data / "host-cost-cpu.json"
+    if not source.exists():
+        return "No host-cost figures are committed yet (`docs/_data/host-cost-cpu.json`).\n"
+    found = json.loads(source.read_text())
+    setting = (
+        f"torch {found['torch']}, Python {found['python']}, {found['machine']}, "
+        f"{found['threads']} thread; {found['tokens']} tokens, best of {found['batches']} "
+        f"batches of {found['calls']} calls."
+    )
+    lines = [
+        setting,
+        "",
+        "| pool | op | variant | µs a call | torch op µs | ratio | target µs | met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines.extend(
+        f"| {row['pool']} | {row['op']} | `{row['variant']}` | {row['us']:.1f} | "
+        f"{row['torch_us']:.1f} | {row['ratio']:.1f} | {row['target_us']:.1f} | "
+        f"{'yes' if row['met'] else '**no**'} |"
+        for row in found["rows"]
+    )
+    return "\n".join(lines) + "\n"
+
+
 def write_generated(folder: Path) -> None:
     """Write every generated fragment under ``folder``."""
     folder.mkdir(exist_ok=True)
@@ -150,6 +176,7 @@ def write_generated(folder: Path) -> None:
         ("layers-gpu.md", layers_gpu_table(data)),
         ("layers-strided-gpu.md", layers_gpu_table(data, "layers-strided-gpu.json")),
         ("vllm-matrix.md", vllm_matrix_table(data)),
+        ("host-cost-cpu.md", host_cost_table(data)),
     ):
         target = folder / name
         if not target.exists() or target.read_text() != text:
