@@ -80,6 +80,7 @@ __all__ = [
     "Impl",
     "LayersPlan",
     "RowMoves",
+    "SpacesPlan",
     "check_impl",
     "check_layer_loc",
     "check_write",
@@ -88,16 +89,19 @@ __all__ = [
     "move_rows_layers",
     "plan_buffer",
     "plan_layers",
+    "plan_spaces",
     "quantize",
     "quantize_parts",
     "quantize_planned",
     "read_layers",
     "read_planned",
+    "read_spaces",
     "register_layout",
     "scatter_rows_layers",
     "spec_for",
     "write_layer_parts",
     "write_layers",
+    "write_spaces",
 ]
 
 _LAUNCH: list[Any] = []
@@ -871,25 +875,29 @@ def write_layer_parts(
         for plan, rows, loc64 in ready:
             launch(plan.spec, rows, plan.bufs, plan.bases(), loc64, plan.page_size, fnuz=plan.fnuz)
         return
+    commit([store for plan, rows, loc64 in ready for store in _layer_stores(plan, rows, loc64)])
+
+
+def _layer_stores(plan: LayersPlan, rows: torch.Tensor, loc64: torch.Tensor) -> list[Store]:
+    """Every layer of one checked part encoded: the scatters a :func:`commit` applies."""
+    where = loc64.long()
+    spec = plan.spec
     stores: list[Store] = []
-    for plan, rows, loc64 in ready:
-        where = loc64.long()
-        spec = plan.spec
-        if _plain_rows(spec) and not plan.fnuz:
-            # Whole rows: store the elements (index_copy_ moves 2-byte rows several times
-            # faster than their bytes), or the bytes of 1-byte elements.
-            for layer, buf in enumerate(plan.bufs):
-                raw = byte_rows(buf)
-                target = raw.view(spec.output_dtype) if spec.output_dtype.itemsize > 1 else raw
-                source = rows[layer]
-                if source.dtype != target.dtype:
-                    source = spec.codec.encode(spec, source, fnuz=False)[0].view(target.dtype)
-                stores.append((target, where[layer] if where.dim() == 2 else where, source))
-            continue
+    if _plain_rows(spec) and not plan.fnuz:
+        # Whole rows: store the elements (index_copy_ moves 2-byte rows several times
+        # faster than their bytes), or the bytes of 1-byte elements.
         for layer, buf in enumerate(plan.bufs):
-            at = where[layer] if where.dim() == 2 else where
-            stores.extend(encode_part(spec, rows[layer], buf, at, plan.page_size, fnuz=plan.fnuz))
-    commit(stores)
+            raw = byte_rows(buf)
+            target = raw.view(spec.output_dtype) if spec.output_dtype.itemsize > 1 else raw
+            source = rows[layer]
+            if source.dtype != target.dtype:
+                source = spec.codec.encode(spec, source, fnuz=False)[0].view(target.dtype)
+            stores.append((target, where[layer] if where.dim() == 2 else where, source))
+        return stores
+    for layer, buf in enumerate(plan.bufs):
+        at = where[layer] if where.dim() == 2 else where
+        stores.extend(encode_part(spec, rows[layer], buf, at, plan.page_size, fnuz=plan.fnuz))
+    return stores
 
 
 def _plain_rows(spec: LayoutSpec) -> bool:
@@ -942,6 +950,283 @@ def _check_layer_part(
         msg = f"writing the {role}s of {layers} layers: {exc}"
         raise WriteError(msg) from None
     return plan, flat.view(layers, n, spec.dim), loc64
+
+
+# ------------------------------------------- many token spaces (a composite's components)
+
+
+class SpacesPlan:
+    """One layout over the layers of several token spaces, checked once for all their calls.
+
+    What :func:`plan_spaces` returns and :func:`read_spaces` / :func:`write_spaces` run: the
+    components of a composite pool that share a byte layout (a DeepSeek-V4 pool's
+    sliding-window, c4 and c128 pages) but not a page size or a token space. Each space
+    is a :class:`LayersPlan` of its own; on CUDA the e4m3-tile kernels read or write every
+    layer of up to :data:`~kvcompat.kernels._launch.MAX_SEGMENTS` spaces in one launch,
+    each layer with its own page geometry (a table made on the first launch and kept).
+    Other layouts, and the torch twin, run one :class:`LayersPlan` call per space; the
+    bytes are the same.
+
+    Attributes:
+        spec: the layout every buffer holds.
+        spaces: one :class:`LayersPlan` per token space, in call order.
+        fnuz: the buffers hold ROCm e4m3fnuz V4 bytes.
+    """
+
+    __slots__ = ("_table", "fnuz", "spaces", "spec")
+
+    def __init__(self, spec: LayoutSpec, spaces: tuple[LayersPlan, ...], *, fnuz: bool) -> None:
+        self.spec, self.spaces, self.fnuz = spec, spaces, fnuz
+        self._table: torch.Tensor | None = None
+
+    def table(self) -> torch.Tensor:
+        """Every layer's geometry for one launch over all the spaces, on their device (kept)."""
+        if self._table is None:
+            groups = [(part.bufs, part.page_size) for part in self.spaces]
+            self._table = _launch().segment_table(self.spec, groups)
+        return self._table
+
+    def holds(self, bufs: Sequence[Sequence[torch.Tensor]]) -> bool:
+        """Whether each space's buffers are still ``bufs[s]``, over the same memory."""
+        return len(bufs) == len(self.spaces) and all(
+            part.holds(group) for part, group in zip(self.spaces, bufs, strict=True)
+        )
+
+    def one_launch(self, impl: Impl, *, write: bool, values_dtype: torch.dtype | None) -> bool:
+        """Whether a call with this ``impl`` moves every space in one launch."""
+        first = self.spaces[0].bufs[0]
+        return (
+            1 < len(self.spaces) <= _MAX_SPACES
+            and dispatch(
+                impl, self.spec, first, write=write, fnuz=self.fnuz, values_dtype=values_dtype
+            )
+            and _launch().segments_serve(
+                self.spec, write=write, values_dtype=values_dtype, fnuz=self.fnuz
+            )
+        )
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{len(p.bufs)} x {p.page_size}" for p in self.spaces)
+        return f"SpacesPlan({self.spec.name!r}, spaces=[{sizes}] (layers x page size))"
+
+
+_MAX_SPACES = 4
+"""As many token spaces as one launch takes (``kernels/_launch.py``'s ``MAX_SEGMENTS``)."""
+
+
+def plan_spaces(
+    spec: LayoutSpec,
+    groups: Sequence[tuple[Sequence[torch.Tensor], int]],
+    *,
+    fnuz: bool = False,
+) -> SpacesPlan:
+    """Check every buffer of a call over several token spaces once; the plan its calls run.
+
+    ``groups`` holds, per token space, its layers' buffers and its page size.
+
+    Raises:
+        LayoutError: no spaces, a space without buffers, a buffer that does not hold
+            ``spec`` pages of its space's page size, or buffers on different devices.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> swa = [torch.zeros(2, V4.page_bytes(8), dtype=torch.uint8) for _ in range(3)]
+        >>> c4 = [torch.zeros(3, V4.page_bytes(2), dtype=torch.uint8) for _ in range(2)]
+        >>> plan_spaces(V4, [(swa, 8), (c4, 2)])
+        SpacesPlan('v4', spaces=[3 x 8, 2 x 2] (layers x page size))
+    """
+    if not groups:
+        msg = (
+            "a call over token spaces needs at least one space; received none. "
+            "Hint: pass (buffers, page_size) per component."
+        )
+        raise LayoutError(msg)
+    spaces = tuple(plan_layers(spec, bufs, page_size, fnuz=fnuz) for bufs, page_size in groups)
+    device = spaces[0].bufs[0].device
+    for part in spaces:
+        if part.bufs[0].device != device:
+            msg = (
+                f"every space's buffers must be on one device; received {device} and "
+                f"{part.bufs[0].device}. Hint: call once per device."
+            )
+            raise LayoutError(msg)
+    return SpacesPlan(spec, spaces, fnuz=fnuz)
+
+
+def read_spaces(
+    plan: SpacesPlan,
+    locs: Sequence[torch.Tensor],
+    *,
+    validate: bool = True,
+    impl: Impl = "auto",
+) -> list[torch.Tensor]:
+    """Read tokens ``locs[s]`` of every layer of space ``s``: one ``[layers, n_s, dim]`` each.
+
+    The same bytes as :func:`read_layers` per space. Each ``locs[s]`` is checked against
+    its own space (one host sync each); where :meth:`SpacesPlan.one_launch` holds, every
+    space's layers are read by one launch into one tensor, whose slices are returned.
+    ``[layers, n]`` locations (a row per layer) are read one launch per space.
+
+    Raises:
+        LayoutError: not one location tensor per space, or a bad one; nothing is read.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> swa = [torch.zeros(2, V4.page_bytes(8), dtype=torch.uint8) for _ in range(3)]
+        >>> c4 = [torch.zeros(3, V4.page_bytes(2), dtype=torch.uint8) for _ in range(2)]
+        >>> plan = plan_spaces(V4, [(swa, 8), (c4, 2)])
+        >>> [tuple(t.shape) for t in read_spaces(plan, [torch.tensor([9, 1]), torch.tensor([5])])]
+        [(3, 2, 512), (2, 1, 512)]
+    """
+    locs = _space_locs(plan, locs, LayoutError)
+    spaces, spec = plan.spaces, plan.spec
+    if validate:
+        locs = [
+            check_layer_loc(
+                loc, len(part.bufs), capacity=part.capacity, device=part.bufs[0].device,
+                error=LayoutError, unique=False, capacities=part.capacities,
+            )
+            for part, loc in zip(spaces, locs, strict=True)
+        ]  # fmt: skip
+    if all(loc.dim() == 1 for loc in locs) and plan.one_launch(
+        impl, write=False, values_dtype=None
+    ):
+        locs = _one_dtype(locs)
+        counts = [
+            len(part.bufs) * int(loc.shape[0]) for part, loc in zip(spaces, locs, strict=True)
+        ]
+        first = spaces[0].bufs[0]
+        out = torch.empty(sum(counts), spec.dim, dtype=spec.output_dtype, device=first.device)
+        _launch().gather_dequantize_segments(
+            spec, first, plan.table(), locs, [len(part.bufs) for part in spaces], out,
+            page_size=spaces[0].page_size, fnuz=plan.fnuz,
+        )  # fmt: skip
+        found, start = [], 0
+        for part, count in zip(spaces, counts, strict=True):
+            found.append(out[start : start + count].view(len(part.bufs), -1, spec.dim))
+            start += count
+        return found
+    return [
+        read_layers(part, loc, validate=False, impl=impl)
+        for part, loc in zip(spaces, locs, strict=True)
+    ]
+
+
+def write_spaces(
+    parts: Sequence[tuple[SpacesPlan, Sequence[torch.Tensor], Sequence[object]]],
+    *,
+    check_finite: bool = True,
+    validate: bool = True,
+    impl: Impl = "auto",
+    names: Sequence[Sequence[str]] = (),
+) -> None:
+    """Write ``values[s]`` as tokens ``locs[s]`` of every layer of space ``s`` — all or nothing.
+
+    ``parts`` are ``(plan, locs, values)``, one per layout (keys and values, or each layout
+    of a composite); ``values[s]`` is ``[layers, n_s, dim]`` (or ``[..., heads,
+    head_dim]``). Every part of every space is checked before any byte moves; the kernel
+    path runs only where a kernel serves every part (one launch per part where
+    :meth:`SpacesPlan.one_launch` holds, else one per space), and the torch twin encodes
+    everything first and stores it with one :func:`commit`. ``names`` label the spaces
+    in errors.
+
+    Raises:
+        WriteError: bad locations or values of any space; nothing is written.
+
+    Example:
+        >>> import torch
+        >>> from kvcompat.layouts import V4
+        >>> swa = [torch.zeros(2, V4.page_bytes(8), dtype=torch.uint8) for _ in range(3)]
+        >>> c4 = [torch.zeros(3, V4.page_bytes(2), dtype=torch.uint8) for _ in range(2)]
+        >>> plan = plan_spaces(V4, [(swa, 8), (c4, 2)])
+        >>> locs = [torch.tensor([9]), torch.tensor([5])]
+        >>> write_spaces([(plan, locs, [torch.ones(3, 1, 512), torch.ones(2, 1, 512)])])
+        >>> [t[:, 0, 0].tolist() for t in read_spaces(plan, locs)]
+        [[1.0, 1.0, 1.0], [1.0, 1.0]]
+    """
+    ready: list[tuple[SpacesPlan, list[tuple[LayersPlan, torch.Tensor, torch.Tensor]]]] = []
+    for index, (plan, locs, values) in enumerate(parts):
+        checked_locs = _space_locs(plan, locs, WriteError)
+        labels = names[index] if index < len(names) else ()
+        if not isinstance(values, (list, tuple)) or len(values) != len(plan.spaces):
+            got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+            msg = (
+                f"write needs one values tensor per space ({len(plan.spaces)}); received "
+                f"{got}. Hint: pass [values_0, values_1, ...] in the plan's space order."
+            )
+            raise WriteError(msg)
+        spaces = []
+        for place, (part, loc, given) in enumerate(
+            zip(plan.spaces, checked_locs, values, strict=True)
+        ):
+            role = labels[place] if place < len(labels) else f"space {place}"
+            spaces.append(_check_layer_part(part, loc, given, role, {}, check_finite, validate))
+        ready.append((plan, spaces))
+    every = tuple(buf for _, spaces in ready for part, _, _ in spaces for buf in part.bufs)
+    ready = [
+        (plan, [(part, unaliased(rows, every), loc) for part, rows, loc in spaces])
+        for plan, spaces in ready
+    ]
+    kernels = [
+        dispatch(impl, plan.spec, plan.spaces[0].bufs[0], write=True, fnuz=plan.fnuz,
+                 values_dtype=spaces[0][1].dtype)
+        for plan, spaces in ready
+    ]  # fmt: skip
+    if ready and all(kernels):
+        for plan, spaces in ready:
+            _write_space_kernels(plan, spaces, impl)
+        return
+    commit([
+        store for _, spaces in ready for part, rows, loc in spaces
+        for store in _layer_stores(part, rows, loc)
+    ])  # fmt: skip
+
+
+def _write_space_kernels(
+    plan: SpacesPlan, spaces: list[tuple[LayersPlan, torch.Tensor, torch.Tensor]], impl: Impl
+) -> None:
+    dtypes = {rows.dtype for _, rows, _ in spaces}
+    locs = [loc for _, _, loc in spaces]
+    if (
+        len(dtypes) == 1
+        and all(loc.dim() == 1 for loc in locs)
+        and plan.one_launch(impl, write=True, values_dtype=dtypes.pop())
+    ):
+        first = plan.spaces[0]
+        _launch().quantize_scatter_segments(
+            plan.spec, [rows.reshape(-1, plan.spec.dim) for _, rows, _ in spaces],
+            first.bufs[0], plan.table(), _one_dtype(locs), [len(p.bufs) for p in plan.spaces],
+            page_size=first.page_size, fnuz=plan.fnuz,
+        )  # fmt: skip
+        return
+    launch = _launch().quantize_scatter_layers
+    for part, rows, loc in spaces:
+        launch(part.spec, rows, part.bufs, part.bases(), loc, part.page_size, fnuz=part.fnuz)
+
+
+def _space_locs(
+    plan: SpacesPlan, locs: object, error: type[LayoutError] | type[WriteError]
+) -> list[torch.Tensor]:
+    if not isinstance(locs, (list, tuple)) or len(locs) != len(plan.spaces):
+        got = f"{len(locs)} entries" if isinstance(locs, (list, tuple)) else type(locs).__name__
+        msg = (
+            f"a call over {len(plan.spaces)} token spaces needs one loc per space, in the "
+            f"plan's order; received {got}. Hint: pass [loc_0, loc_1, ...], each in its "
+            "own space."
+        )
+        raise error(msg)
+    return list(locs)
+
+
+def _one_dtype(locs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The locations as one integer dtype (a launch addresses all of them from the first)."""
+    if all(loc.dtype is locs[0].dtype for loc in locs) and locs[0].dtype in (
+        torch.int64, torch.int32
+    ):  # fmt: skip
+        return list(locs)
+    return [loc.long() for loc in locs]
 
 
 # ------------------------------------------------------ raw rows of many buffers (page moves)

@@ -39,13 +39,18 @@ if TYPE_CHECKING:
 __all__ = [
     "FORCE_SOFT",
     "INTERPRETED",
+    "MAX_SEGMENTS",
     "copy_rows_layers",
     "gather_dequantize",
     "gather_dequantize_layers",
+    "gather_dequantize_segments",
     "layer_bases",
     "move_rows_layers",
     "quantize_scatter",
     "quantize_scatter_layers",
+    "quantize_scatter_segments",
+    "segment_table",
+    "segments_serve",
 ]
 
 INTERPRETED: bool = type(jit._read_fp8_kernel).__name__ == "InterpretedFunction"
@@ -272,7 +277,7 @@ def _read(
         else:
             jit._read_fp8_kernel[grid](
                 out, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings),
-                LAYERED=layered, **per_layer,
+                LAYERED=layered, **per_layer, **_ONE_SPACE,
             )  # fmt: skip
 
 
@@ -332,7 +337,7 @@ def _write(
     settings = launch_settings(family, None if INTERPRETED else n * layers, plan.launch)
     grid = (-(-n // settings.block_tokens), layers)
     table = loc if bases is None else bases
-    extra = {"LAYERED": bases is not None, "LOC_LAYERS": loc.dim() == 2}
+    extra: dict[str, object] = {"LAYERED": bases is not None, "LOC_LAYERS": loc.dim() == 2}
     with _on_device(buf):
         if plan.family == "scatter_rows":
             word = word_bytes(
@@ -353,6 +358,8 @@ def _write(
                 "write_fp4": jit._write_fp4_kernel,
                 "write_fp4_ue8m0": jit._write_fp4_ue8m0_kernel,
             }.get(family, jit._write_fp8_kernel)
+            if kernel is jit._write_fp8_kernel:
+                extra.update(_ONE_SPACE)
             kernel[grid](
                 rows, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings), **extra
             )
@@ -527,4 +534,164 @@ def move_rows_layers(
             src, dst, src_rows, dst_rows, src_bases, dst_bases, n, src_pitch, dst_pitch,
             ROW_WORDS=words, WORD=word, BLOCK_C=block, TAIL_C=tail,
             BLOCK_T=settings.block_tokens, num_warps=settings.num_warps,
+        )  # fmt: skip
+
+
+# ------------------------------------------------ several token spaces (segments), one launch
+
+MAX_SEGMENTS = 4
+"""The most token spaces one segmented launch takes (its per-call numbers are scalars)."""
+
+
+def segments_serve(
+    spec: LayoutSpec, *, write: bool, values_dtype: torch.dtype | None, fnuz: bool
+) -> bool:
+    """Whether the kernel of this read (or write) takes several token spaces in one launch.
+
+    The e4m3-tile kernels do (V4, V4.1, DSA, the DeepSeek-V4 indexer): what a DeepSeek-V4
+    composite's sliding-window, c4 and c128 pages and its indexer keys are.
+    """
+    if write:
+        if values_dtype is None:
+            return False
+        found = write_plan(spec, values_dtype, fnuz=fnuz)
+        return not isinstance(found, str) and found.family == "write_fp8"
+    found = read_plan(spec, fnuz=fnuz)
+    return not isinstance(found, str) and found.family == "read_fp8"
+
+
+def segment_table(
+    spec: LayoutSpec, groups: Sequence[tuple[Sequence[torch.Tensor], int]]
+) -> torch.Tensor:
+    """The ``[layers, 6]`` int64 table a segmented launch reads, on the buffers' device.
+
+    ``groups`` are the segments' buffers, each with its page size; a layer's row holds its
+    buffer's byte offset from the first buffer, its page size, page pitch and scale-row
+    offset, its segment and its place in the segment. Host checks only (geometry, device,
+    alignment), made once per plan.
+    """
+    if not groups or not all(bufs for bufs, _ in groups):
+        msg = "a segmented launch needs at least one buffer in every segment; received none."
+        raise LayoutError(msg)
+    first = groups[0][0][0]
+    rows: list[list[int]] = []
+    for segment, (bufs, page_size) in enumerate(groups):
+        for place, buf in enumerate(bufs):
+            geo = _check_buf(spec, buf, page_size)
+            if buf.device != first.device:
+                msg = (
+                    f"every buffer of one launch must be on one device; received {first.device} "
+                    f"and {buf.device}."
+                )
+                raise LayoutError(msg)
+            rows.append([
+                buf.data_ptr() - first.data_ptr(), geo["PAGE"], geo["PAGE_BYTES"],
+                geo["SCALE_BASE"], segment, place,
+            ])  # fmt: skip
+    return torch.tensor(rows, dtype=torch.int64).to(first.device)
+
+
+def _segment_scalars(
+    counts: Sequence[int], firsts: Sequence[int], rows: Sequence[int]
+) -> dict[str, int]:
+    padded: list[tuple[int, int, int]] = list(zip(counts, firsts, rows, strict=True))
+    padded += [(0, 0, 0)] * (MAX_SEGMENTS - len(padded))
+    found: dict[str, int] = {}
+    for index, (count, first, row) in enumerate(padded):
+        found[f"n{index}"], found[f"loc{index}"], found[f"row{index}"] = count, first, row
+    return found
+
+
+_ONE_SPACE: dict[str, int] = {"SEGMENTS": False, **_segment_scalars((), (), ())}
+"""The segment arguments of an e4m3-tile launch over one token space (every one but
+:func:`gather_dequantize_segments` / :func:`quantize_scatter_segments`)."""
+
+
+def _loc_firsts(locs: Sequence[torch.Tensor]) -> list[int]:
+    """Each ``locs[s]``'s element offset from ``locs[0]`` (one dtype, so it divides)."""
+    size, origin = locs[0].element_size(), locs[0].data_ptr()
+    return [(loc.data_ptr() - origin) // size for loc in locs]
+
+
+def gather_dequantize_segments(
+    spec: LayoutSpec,
+    first: torch.Tensor,
+    table: torch.Tensor,
+    locs: Sequence[torch.Tensor],
+    layers: Sequence[int],
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    fnuz: bool = False,
+) -> None:
+    """Read ``locs[s]`` on each of segment ``s``'s ``layers[s]`` layers into ``out``: one launch.
+
+    ``first`` is the first layer's buffer and ``table`` :func:`segment_table` of every
+    segment's buffers, ``page_size`` the first segment's; ``locs`` are 1-D, of one dtype
+    and device. ``out`` is contiguous
+    ``[rows, dim]``: segment 0's layers first, each ``n_0`` rows, then segment 1's. The
+    caller validated everything; the read kernel must serve (:func:`segments_serve`).
+    """
+    plan = _plan(read_plan(spec, fnuz=fnuz))
+    counts = [int(loc.shape[0]) for loc in locs]
+    starts, total = [], 0
+    for count, n_layers in zip(counts, layers, strict=True):
+        starts.append(total)
+        total += count * n_layers
+    widest, depth = max(counts), int(table.shape[0])
+    if widest == 0 or depth == 0:
+        return
+    geo = cached_geometry(spec, page_size)  # its strides; each layer's pages are in the table
+    settings = launch_settings(plan.family, None if INTERPRETED else total, plan.launch)
+    grid = (-(-widest // settings.block_tokens), depth)
+    with _on_device(first):
+        jit._read_fp8_kernel[grid](
+            out, _raw(first), locs[0], table, widest, *geo.values(), **_kwargs(plan, settings),
+            LAYERED=True, SEGMENTS=True, **_segment_scalars(counts, _loc_firsts(locs), starts),
+        )  # fmt: skip
+
+
+def quantize_scatter_segments(
+    spec: LayoutSpec,
+    values: Sequence[torch.Tensor],
+    first: torch.Tensor,
+    table: torch.Tensor,
+    locs: Sequence[torch.Tensor],
+    layers: Sequence[int],
+    *,
+    page_size: int,
+    fnuz: bool = False,
+) -> None:
+    """Write ``values[s]`` (``[layers[s] * n_s, dim]``) as tokens ``locs[s]``: one launch.
+
+    As :func:`gather_dequantize_segments`, the other way; the values are of one dtype.
+    Where they do not sit a whole number of rows apart in memory they are first copied
+    into one tensor (the launch addresses every segment's rows from the first one's).
+    """
+    plan = _plan(write_plan(spec, _values_dtype(values[0]), fnuz=fnuz))
+    counts = [int(loc.shape[0]) for loc in locs]
+    widest, depth = max(counts), int(table.shape[0])
+    if widest == 0 or depth == 0:
+        return
+    rows_of = [v if v.is_contiguous() else v.contiguous() for v in values]
+    pitch = spec.dim * rows_of[0].element_size()
+    gaps = [v.data_ptr() - rows_of[0].data_ptr() for v in rows_of]
+    if any(gap % pitch for gap in gaps):
+        joined = torch.cat([v.reshape(-1) for v in rows_of])
+        rows_of, starts, total = [joined], [], 0
+        for count, n_layers in zip(counts, layers, strict=True):
+            starts.append(total)
+            total += count * n_layers
+    else:
+        starts = [gap // pitch for gap in gaps]
+    geo = cached_geometry(spec, page_size)
+    family = launch_family(plan, soft=_soft())
+    total_rows = sum(c * n for c, n in zip(counts, layers, strict=True))
+    settings = launch_settings(family, None if INTERPRETED else total_rows, plan.launch)
+    grid = (-(-widest // settings.block_tokens), depth)
+    with _on_device(first):
+        jit._write_fp8_kernel[grid](
+            rows_of[0], _raw(first), locs[0], table, widest, *geo.values(),
+            **_kwargs(plan, settings), LAYERED=True, LOC_LAYERS=False, SEGMENTS=True,
+            **_segment_scalars(counts, _loc_firsts(locs), starts),
         )  # fmt: skip

@@ -82,6 +82,61 @@ def _token_block(
 
 
 @triton.jit
+def _pick(segment, a0, a1, a2, a3):
+    """``(a0, a1, a2, a3)[segment]`` for a scalar ``segment`` in ``0..3``."""
+    return tl.where(segment == 0, a0, tl.where(segment == 1, a1, tl.where(segment == 2, a2, a3)))
+
+
+@triton.jit
+def _segment_block(
+    loc_ptr,
+    table_ptr,
+    DATA_STRIDE,
+    SCALE_STRIDE,
+    BLOCK_T: tl.constexpr,
+    n0,
+    n1,
+    n2,
+    n3,
+    loc0,
+    loc1,
+    loc2,
+    loc3,
+    row0,
+    row1,
+    row2,
+    row3,
+):
+    """:func:`_token_block` for a launch over several token spaces (a composite's parts).
+
+    The launch's second grid axis is the layer; layer ``l``'s row of ``table_ptr`` (six
+    int64: byte offset of its buffer from the launch's pointer, page size, page pitch,
+    scale-row offset, segment, place within the segment) gives its own page geometry and
+    its segment ``s``, whose ``n_s`` locations start ``loc_s`` elements after ``loc_ptr``
+    and whose dense rows start at row ``row_s`` (layer by layer, ``n_s`` rows each). Up
+    to four segments; the per-call numbers are scalars, so a captured launch needs no
+    table of its own.
+    """
+    layer = tl.program_id(1).to(tl.int64)
+    entry = table_ptr + layer * 6
+    base = tl.load(entry)
+    page = tl.load(entry + 1)
+    pitch = tl.load(entry + 2)
+    scale_base = tl.load(entry + 3)
+    segment = tl.load(entry + 4)
+    place = tl.load(entry + 5)
+    n = _pick(segment, n0, n1, n2, n3).to(tl.int64)
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = tok < n
+    first = _pick(segment, loc0, loc1, loc2, loc3).to(tl.int64)
+    data_off, scale_off = _token_offsets(
+        loc_ptr + first, tok, live, page, pitch, DATA_STRIDE, scale_base, SCALE_STRIDE
+    )
+    rows = _pick(segment, row0, row1, row2, row3).to(tl.int64) + place * n
+    return tok + rows, live, data_off + base, scale_off + base
+
+
+@triton.jit
 def _fp4_block(live):
     """V41_FP4's ``[32 tiles x 8]`` grid of code-pair bytes: ``(tile, mask3, within)``."""
     tile = tl.arange(0, 32)

@@ -20,6 +20,7 @@ from kvcompat.kernels._triton_common import (
     _encode_e4m3fnuz,
     _peak,
     _prefetch_edges,
+    _segment_block,
     _token_block,
     _word_ptr,
 )
@@ -55,6 +56,19 @@ def _read_fp8_kernel(
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
     LOC_LAYERS: tl.constexpr = False,
+    SEGMENTS: tl.constexpr = False,
+    n0=0,
+    n1=0,
+    n2=0,
+    n3=0,
+    loc0=0,
+    loc1=0,
+    loc2=0,
+    loc3=0,
+    row0=0,
+    row1=0,
+    row2=0,
+    row3=0,
 ):
     """Dequantize ``NQ`` e4m3 values in ``NT`` tiles of ``TILE`` (+ a bf16 rope) to bf16.
 
@@ -69,19 +83,25 @@ def _read_fp8_kernel(
     else:
         out_ptr = out_ptr.to(tl.pointer_type(tl.int16))
     buf_u8 = _word_ptr(buf_ptr, 1)
-    tok, live, data_off, scale_off = _token_block(
-        loc_ptr,
-        bases_ptr,
-        n,
-        PAGE,
-        PAGE_BYTES,
-        DATA_STRIDE,
-        SCALE_BASE,
-        SCALE_STRIDE,
-        BLOCK_T,
-        LAYERED,
-        LOC_LAYERS,
-    )
+    if SEGMENTS:  # several token spaces, each layer with its own geometry (bases_ptr)
+        tok, live, data_off, scale_off = _segment_block(
+            loc_ptr, bases_ptr, DATA_STRIDE, SCALE_STRIDE, BLOCK_T,
+            n0, n1, n2, n3, loc0, loc1, loc2, loc3, row0, row1, row2, row3,
+        )  # fmt: skip
+    else:
+        tok, live, data_off, scale_off = _token_block(
+            loc_ptr,
+            bases_ptr,
+            n,
+            PAGE,
+            PAGE_BYTES,
+            DATA_STRIDE,
+            SCALE_BASE,
+            SCALE_STRIDE,
+            BLOCK_T,
+            LAYERED,
+            LOC_LAYERS,
+        )
     tile = tl.arange(0, NT_P2)
     col = tl.arange(0, TILE)
     mask2 = live[:, None] & (tile[None, :] < NT)
@@ -281,6 +301,19 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
     LOC_LAYERS: tl.constexpr = False,
+    SEGMENTS: tl.constexpr = False,
+    n0=0,
+    n1=0,
+    n2=0,
+    n3=0,
+    loc0=0,
+    loc1=0,
+    loc2=0,
+    loc3=0,
+    row0=0,
+    row1=0,
+    row2=0,
+    row3=0,
 ):
     """Quantize ``[n, IN_DIM]`` rows per ``TILE``-value tile to e4m3 and scatter them.
 
@@ -295,19 +328,25 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     need not start or end on a 32-byte sector; those edge sectors are prefetched first.
     """
     buf_u8 = _word_ptr(buf_ptr, 1)
-    tok, live, data_off, scale_off = _token_block(
-        loc_ptr,
-        bases_ptr,
-        n,
-        PAGE,
-        PAGE_BYTES,
-        DATA_STRIDE,
-        SCALE_BASE,
-        SCALE_STRIDE,
-        BLOCK_T,
-        LAYERED,
-        LOC_LAYERS,
-    )
+    if SEGMENTS:  # several token spaces, each layer with its own geometry (bases_ptr)
+        tok, live, data_off, scale_off = _segment_block(
+            loc_ptr, bases_ptr, DATA_STRIDE, SCALE_STRIDE, BLOCK_T,
+            n0, n1, n2, n3, loc0, loc1, loc2, loc3, row0, row1, row2, row3,
+        )  # fmt: skip
+    else:
+        tok, live, data_off, scale_off = _token_block(
+            loc_ptr,
+            bases_ptr,
+            n,
+            PAGE,
+            PAGE_BYTES,
+            DATA_STRIDE,
+            SCALE_BASE,
+            SCALE_STRIDE,
+            BLOCK_T,
+            LAYERED,
+            LOC_LAYERS,
+        )
     if SPAN > 0 and not SOFT:
         _prefetch_edges(buf_u8, data_off, live, SPAN)
     if NROPE > 0:  # issued first: a load after the stores below would wait for them

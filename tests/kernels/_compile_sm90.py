@@ -30,11 +30,15 @@ from kvcompat.layouts import (
 
 GEOMETRY = ("n", "PAGE", "PAGE_BYTES", "DATA_STRIDE", "SCALE_BASE", "SCALE_STRIDE")
 POINTERS = (0, 1, 2, 3)
+SEGMENT_SCALARS = tuple(f"{what}{i}" for what in ("n", "loc", "row") for i in range(4))
+"""The e4m3-tile kernels' per-call numbers of a launch over several token spaces."""
 
 
 def build(kernel: object, first: str, dtype: str, constants: dict[str, object], warps: int) -> int:
     signature = {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
     signature.update(dict.fromkeys(GEOMETRY, "i32"))
+    names = kernel.arg_names  # type: ignore[attr-defined]
+    signature.update({name: "i64" for name in SEGMENT_SCALARS if name in names})
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = {(i,): [["tt.divisibility", 16]] for i in (*POINTERS, 6, 7, 8, 9)}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned)
@@ -46,6 +50,7 @@ def build(kernel: object, first: str, dtype: str, constants: dict[str, object], 
 
 def main() -> int:
     common = {"SOFT": False, "EVICT": "", "BLOCK_T": 4, "LAYERED": True, "LOC_LAYERS": True}
+    one_space = {**common, "SEGMENTS": False}
     cases = [
         ("write_fp4_pairs bf16", jit._write_fp4_pairs_kernel, "values_ptr", "*bf16",
          {"IN_KIND": 0, **common}),
@@ -59,16 +64,25 @@ def main() -> int:
         assert not isinstance(plan, str)
         name = f"write_fp8 {spec.name} MODE={plan.constants['MODE']} SPAN={plan.constants['SPAN']}"
         cases.append((name, jit._write_fp8_kernel, "values_ptr", "*bf16",
-                      {**plan.constants, **common}))  # fmt: skip
+                      {**plan.constants, **one_space}))  # fmt: skip
     for fnuz in (False, True):
         plan = read_plan(V4, fnuz=fnuz)
         assert not isinstance(plan, str)
         cases.append((f"read_fp8 v4 FNUZ={fnuz}", jit._read_fp8_kernel, "out_ptr", "*bf16",
-                      {**plan.constants, **common}))  # fmt: skip
+                      {**plan.constants, **one_space}))  # fmt: skip
     plan = read_plan(DSV4_INDEXER_FP8, fnuz=False)
     assert not isinstance(plan, str)
     cases.append(("read_fp8 dsv4_indexer_fp8 OUT_F32", jit._read_fp8_kernel, "out_ptr", "*fp32",
-                  {**plan.constants, **common}))  # fmt: skip
+                  {**plan.constants, **one_space}))  # fmt: skip
+    # One launch over several token spaces (a DeepSeek-V4 composite's parts): V4 both ways.
+    spaces = {**common, "LOC_LAYERS": False, "SEGMENTS": True}
+    read_v4, write_v4 = read_plan(V4, fnuz=False), write_plan(V4, torch.bfloat16, fnuz=False)
+    assert not isinstance(read_v4, str)
+    assert not isinstance(write_v4, str)
+    cases.append(("read_fp8 v4 SEGMENTS", jit._read_fp8_kernel, "out_ptr", "*bf16",
+                  {**read_v4.constants, **spaces}))  # fmt: skip
+    cases.append(("write_fp8 v4 SEGMENTS", jit._write_fp8_kernel, "values_ptr", "*bf16",
+                  {**write_v4.constants, **spaces}))  # fmt: skip
     plan = read_plan(DSV4_INDEXER_FP4, fnuz=False)
     assert not isinstance(plan, str)
     cases.append(("read_fp4 dsv4_indexer_fp4", jit._read_fp4_kernel, "out_ptr", "*bf16",

@@ -53,6 +53,7 @@ from _kernel_checks import (
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
+    spaces_match_per_space,
     strided_matches_contiguous,
     write_matches_twin,
 )
@@ -239,6 +240,11 @@ def test_fp4_write_of_unaligned_values(spec: LayoutSpec) -> None:
 @pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
 def test_a_layered_launch_equals_one_twin_call_per_layer(spec: LayoutSpec) -> None:
     layered_matches_per_layer(spec, 3 if spec.paged else 1, torch.bfloat16, "cpu")
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_one_launch_over_token_spaces_equals_the_twin_per_buffer(spec: LayoutSpec) -> None:
+    spaces_match_per_space(spec, torch.bfloat16, "cpu")
 
 
 def test_layered_raw_rows_on_strided_buffers() -> None:

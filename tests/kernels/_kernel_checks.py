@@ -340,6 +340,63 @@ def layered_matches_per_layer(
         assert torch.equal(as_bytes(mine[i]), as_bytes(theirs[i])), (spec.name, "per-layer", i)
 
 
+def spaces_match_per_space(spec: LayoutSpec, dtype: torch.dtype, device: str) -> None:
+    """One launch over several token spaces == the twin per buffer, reads and writes.
+
+    Three spaces of one layout with different page sizes, layer counts and location counts
+    (a DeepSeek-V4 pool's sliding-window, c4 and c128 pages), buffers allocated in reverse
+    (negative offsets from the first), locations in shuffled order, one space's as int32.
+    Where the kernel takes several spaces the read comes back as views of one launch's
+    output; elsewhere each space is its own launch. Only the written tokens change.
+    """
+    from kvcompat import _ops
+    from kvcompat.kernels._plan import read_plan
+
+    shapes = ((3, 3, 16), (2, 2, 5), (5, 1, 9))  # page size (tokens per row), layers, n
+    if not spec.paged:
+        shapes = tuple((1, layers, n) for _, layers, n in shapes)
+    groups, locs = [], []
+    for index, (page_size, layers, n) in enumerate(shapes):
+        rows = _rows_for(spec, page_size, 40)
+        bufs = [make_buffer(spec, page_size, rows, seed=11 * index + i, device=device)
+                for i in range(layers)][::-1]  # fmt: skip
+        cap = capacity(spec, bufs[0], page_size)
+        loc = edge_locs(spec, page_size, cap, seed=index, n=min(n, cap))
+        locs.append(loc.to(torch.int32 if index == 1 else torch.int64).to(device))
+        groups.append((bufs, page_size))
+    plan = _ops.plan_spaces(spec, groups)
+    one = plan.one_launch("triton", write=False, values_dtype=None)
+    tiles = read_plan(spec, fnuz=False)
+    assert one == (not isinstance(tiles, str) and tiles.family == "read_fp8"), spec.name
+    for validate in (True, False):
+        ours = _ops.read_spaces(plan, locs, impl="triton", validate=validate)
+        if one:  # one launch: every space is a slice of one output
+            assert len({t.untyped_storage().data_ptr() for t in ours}) == 1, spec.name
+        for space, ((bufs, page_size), loc) in enumerate(zip(groups, locs, strict=True)):
+            for i, buf in enumerate(bufs):
+                twin = dequantize(spec, buf, loc.long(), page_size, impl="torch")
+                assert torch.equal(as_bytes(ours[space][i]), as_bytes(twin)), (spec.name, space, i)
+    saturates = spec.data_encoding.value == "e2m1x2"
+    values = [
+        torch.stack([
+            special_values(spec, int(loc.shape[0]), seed=7 * space + i, dtype=dtype,
+                           non_finite=False)
+            for i in range(len(bufs))
+        ]).to(device)
+        for space, ((bufs, _), loc) in enumerate(zip(groups, locs, strict=True))
+    ]  # fmt: skip
+    theirs = [[buf.clone() for buf in bufs] for bufs, _ in groups]
+    for (_, page_size), loc, rows, copies in zip(groups, locs, values, theirs, strict=True):
+        for i, buf in enumerate(copies):
+            quantize(spec, rows[i], buf, loc.long(), page_size, impl="torch",
+                     check_finite=not saturates)  # fmt: skip
+    _ops.write_spaces([(plan, locs, values)], impl="triton", check_finite=not saturates)
+    for space, ((bufs, _), copies) in enumerate(zip(groups, theirs, strict=True)):
+        for i, (buf, copy) in enumerate(zip(bufs, copies, strict=True)):
+            diff = as_bytes(buf) != as_bytes(copy)
+            assert not bool(diff.any()), f"{spec.name} space {space} layer {i}: {int(diff.sum())}"
+
+
 def layered_rows_match(device: str) -> None:
     """The raw multi-buffer row moves on strided rows: gather == index_select, scatter exact."""
     from kvcompat import _ops

@@ -40,6 +40,7 @@ from _kernel_checks import (
     rocm_scale_parts,
     rounding_grid,
     roundtrip_random,
+    spaces_match_per_space,
     strided_matches_contiguous,
     write_matches_twin,
 )
@@ -324,6 +325,11 @@ def test_a_layered_launch_equals_one_twin_call_per_layer(
 
 def test_layered_raw_rows_on_strided_buffers() -> None:
     layered_rows_match("cuda")
+
+
+@pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
+def test_one_launch_over_token_spaces_equals_the_twin_per_buffer(spec: LayoutSpec) -> None:
+    spaces_match_per_space(spec, torch.bfloat16, "cuda")
 
 
 def test_pool_to_pool_row_moves_on_strided_buffers() -> None:
