@@ -36,6 +36,8 @@ from typing import Any
 import torch
 
 import kvcompat
+from kvcompat import _ops
+from kvcompat.layouts import DSV4_INDEXER_FP8, V4
 from kvcompat.testing import (
     ReferenceDeepSeekV4SingleKVPool,
     ReferenceMHATokenToKVPool,
@@ -318,6 +320,68 @@ def bench_sweep(layers: int, n: int, reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_components(layers: int, n: int, iters: int, reps: int) -> list[dict[str, Any]]:
+    """A DeepSeek-V4 pool's four components over all their layers: one call vs one per part.
+
+    The shapes of SGLang's ``DeepSeekV4TokenToKVPool`` without SGLang (the device has
+    none): V4 sliding-window pages of 256 tokens on every layer, c4 pages of 64 states
+    and c128 pages of 2 on alternating layers, fp8 indexer pages of 64 on the c4 layers.
+    A step of ``n`` tokens reads ``n`` sliding-window tokens, ``n / 4`` c4 states and
+    indexer keys and ``n / 128`` c128 states (at least one each). ``parts`` is one
+    multi-layer read per component (four launches), ``components`` the components plan's
+    call (one launch for the three V4 parts, one for the indexer).
+    """
+
+    c4_layers, c128_layers = (layers + 1) // 2, layers // 2
+    shape = {  # name: (spec, layers, page size, locations read)
+        "swa": (V4, layers, 256, n), "c4": (V4, c4_layers, 64, max(n // 4, 1)),
+        "c128": (V4, c128_layers, 2, max(n // 128, 1)),
+        "c4_indexer": (DSV4_INDEXER_FP8, c4_layers, 64, max(n // 4, 1)),
+    }  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    bufs, locs = {}, {}
+    for name, (spec, count, page, k) in shape.items():
+        pages = -(-2 * k // page) + 1
+        bufs[name] = [
+            torch.randint(0, 256, (pages, spec.page_bytes(page)), generator=g, dtype=torch.uint8)
+            .to("cuda") for _ in range(count)
+        ]  # fmt: skip
+        locs[name] = torch.randperm(pages * page, generator=g)[:k].to("cuda")
+    v4 = _ops.plan_spaces(V4, [(bufs[p], shape[p][2]) for p in ("swa", "c4", "c128")])
+    indexer = _ops.plan_layers(DSV4_INDEXER_FP8, bufs["c4_indexer"], 64)
+    parts = {p: _ops.plan_layers(V4, bufs[p], shape[p][2]) for p in ("swa", "c4", "c128")}
+    parts["c4_indexer"] = indexer
+    v4_locs = [locs[p] for p in ("swa", "c4", "c128")]
+
+    def one_call() -> None:
+        _ops.read_spaces(v4, v4_locs, validate=False, impl="triton")
+        _ops.read_layers(indexer, locs["c4_indexer"], validate=False, impl="triton")
+
+    def per_part() -> None:
+        for name, plan in parts.items():
+            _ops.read_layers(plan, locs[name], validate=False, impl="triton")
+
+    together = _ops.read_spaces(v4, v4_locs, impl="triton")
+    for space, name in enumerate(("swa", "c4", "c128")):
+        alone = _ops.read_layers(parts[name], locs[name], impl="triton")
+        assert torch.equal(together[space].view(torch.uint8), alone.view(torch.uint8)), name
+    nbytes = sum(
+        count * k * (spec.data_bytes + spec.scale_bytes + spec.dim * spec.output_dtype.itemsize)
+        for spec, count, _, k in shape.values()
+    )
+    copy = _copy(nbytes, reps)
+    rows = []
+    for name, fn, how in (("components", one_call, "wall"), ("parts", per_part, "wall"),
+                          ("components", one_call, "graph"), ("copy", None, "graph")):  # fmt: skip
+        seconds = copy if fn is None else _wall(fn, iters) if how == "wall" else _graph(fn, reps)
+        rows.append({
+            "pool": "dsv4 composite", "layers": layers, "tokens": n, "op": "read",
+            "impl": name, "time": how, "us": seconds * 1e6, "GBps": nbytes / seconds / 1e9,
+            "share_of_copy": copy / seconds,
+        })  # fmt: skip
+    return rows
+
+
 def _machine() -> dict[str, Any]:
     import triton
 
@@ -354,6 +418,11 @@ def main() -> None:
     parser.add_argument(
         "--sweep", action="store_true", help="only the V4 launch-settings sweep (no JSON rows)"
     )
+    parser.add_argument(
+        "--components",
+        action="store_true",
+        help="only a DeepSeek-V4 composite's four components: one call vs one per component",
+    )
     args = parser.parse_args()
     machine = _machine()
     print(f"# {machine}")
@@ -363,6 +432,17 @@ def main() -> None:
             rows.append(row)
             print(f"{row['pool']:4} 1x{row['tokens']:<6} {row['impl']:28} {row['us']:9.1f} us "
                   f"{row['GBps']:8.1f} GB/s")  # fmt: skip
+    if args.components:
+        for n in args.sizes:
+            for row in bench_components(args.layers, n, args.iters, args.reps):
+                rows.append(row)
+                print(
+                    f"dsv4 composite {args.layers}x{n:<6} read {row['impl']:10} "
+                    f"{row['time']:5} {row['us']:9.1f} us "
+                    f"{100 * row['share_of_copy']:5.1f} % of copy"
+                )
+        _write_json(args.json, machine, rows)
+        return
     if args.sweep:
         for n in args.sizes:
             for row in bench_sweep(args.layers, n, args.reps):
@@ -392,8 +472,12 @@ def main() -> None:
                     f"{row['GBps']:8.1f} GB/s {100 * row['share_of_copy']:6.1f} % of copy"
                 )
             torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
+    _write_json(args.json, machine, rows)
+
+
+def _write_json(path: str | None, machine: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as handle:
             json.dump({"machine": machine, "command": "python benchmarks/bench_layers_gpu.py",
                        "rows": rows}, handle, indent=1)  # fmt: skip
             handle.write("\n")

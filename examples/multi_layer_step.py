@@ -4,7 +4,9 @@ On three reference pools (MHA, MLA, DeepSeek-V4), it writes random keys (and val
 few tokens on every layer with one ``write``, reads them back with one ``read`` of every
 layer, and checks both against the per-layer calls they replace, byte for byte. On a CUDA
 device with triton each call is one Triton launch for all the layers; on a CPU the torch
-twin runs them layer by layer with the same bytes.
+twin runs them layer by layer with the same bytes. Last, a composite (a sliding-window
+pool): every layer of both its components in one call, each with locations in its own
+token space (``plan_components``; a DeepSeek-V4 pool's four components work the same way).
 
 Run: python examples/multi_layer_step.py
 """
@@ -18,6 +20,7 @@ from kvcompat.testing import (
     ReferenceDeepSeekV4SingleKVPool,
     ReferenceMHATokenToKVPool,
     ReferenceMLATokenToKVPool,
+    reference_swa_pool,
 )
 
 
@@ -63,6 +66,26 @@ def main() -> None:
             f"{tuple(together.shape)} {together.dtype}, equal to {len(step.layers)} "
             "single-layer reads"
         )
+
+    composite = kvcompat.adapt(reference_swa_pool(device=device))
+    step = composite.plan_components()  # every component, every layer
+    locs = {
+        "full": torch.tensor([9, 2, 30], device=device),
+        "swa": torch.tensor([5], device=device),
+    }
+    keys = {}
+    for part in step.components:
+        spec = composite.components[part].layout(step.layers[part][0]).key
+        shape = (len(step.layers[part]), locs[part].numel(), spec.heads, spec.dim // spec.heads)
+        keys[part] = torch.randn(shape, device=device).to(torch.bfloat16)
+    step.write(locs, keys, {part: -keys[part] for part in step.components})
+    together = step.read(locs)
+    for part in step.components:
+        native = composite.components[part]
+        one_by_one = torch.stack([native.read(layer, locs[part]) for layer in step.layers[part]])
+        assert torch.equal(together[part].view(torch.uint8), one_by_one.view(torch.uint8))
+    shapes = {part: tuple(keys.shape) for part, keys in together.items()}
+    print(f"composite    every component in one call: {shapes}, equal to single-layer reads")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from kvcompat.adapters._base import AdapterBase, Buffer
+from kvcompat.adapters._components import ComponentsPlan
 from kvcompat.adapters._composite import CompositeAdapter, CompositeParts
 from kvcompat.adapters._io import LayerLayout
 from kvcompat.adapters._leaf import (
@@ -31,6 +32,7 @@ from kvcompat.adapters._leaf import (
 __all__ = [
     "AdapterBase",
     "Buffer",
+    "ComponentsPlan",
     "CompositeAdapter",
     "CompositeParts",
     "IndexKeyAdapter",

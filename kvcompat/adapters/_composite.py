@@ -12,6 +12,7 @@ import torch
 from kvcompat._errors import LayoutError
 from kvcompat._protocol import Impl, KVPair, KVPoolProtocol, PoolKind
 from kvcompat.adapters._base import AdapterBase
+from kvcompat.adapters._components import ComponentsPlan
 from kvcompat.adapters._layers import coerce_layer_id, describe_ids, raise_unserved
 from kvcompat.adapters._leaf import LeafAdapter
 from kvcompat.adapters._multi import LayerPlan, layer_tuple
@@ -109,7 +110,7 @@ class CompositeAdapter(AdapterBase):
         }
         self._route_names: dict[int, str] = dict(sorted(route.items()))
         self._wait_offset = wait_offset
-        self._layer_plans: dict[tuple[int, ...], LayerPlan] = {}
+        self._layer_plans: dict[tuple[Any, ...], LayerPlan | ComponentsPlan] = {}
 
     # -- the hot path -----------------------------------------------------------
 
@@ -348,6 +349,57 @@ class CompositeAdapter(AdapterBase):
             if len(self._layer_plans) >= 64:
                 self._layer_plans.clear()
             self._layer_plans[found] = hit
+        return hit
+
+    def plan_components(self, names: Sequence[str] | None = None, /) -> ComponentsPlan:
+        """Plan every layer of several components at once (every component when None).
+
+        Each component keeps its own layer ids, page size and token space (DeepSeek-V4's
+        sliding-window, c4 and c128 pages and its indexer keys); the plan's ``read`` and
+        ``write`` take one location tensor per component, in its own space, and move
+        the components that share a byte layout with one launch (on CUDA, for the
+        e4m3-tile layouts), all or nothing across every component.
+
+        Raises:
+            LayoutError: an unknown or repeated name, a component that is itself a
+                composite, or a component whose layers differ in layout.
+
+        Example:
+            >>> import torch, kvcompat
+            >>> from kvcompat.testing import reference_swa_pool
+            >>> step = kvcompat.adapt(reference_swa_pool()).plan_components()
+            >>> step.components, step.layers["swa"], step.layouts
+            (('full', 'swa'), (0, 2), ('mha_2x8_bf16', 'mha_2x8_bf16'))
+        """
+        found = tuple(self._components) if names is None else names
+        if isinstance(found, (str, bytes)) or not all(isinstance(n, str) for n in found):
+            msg = (
+                f"{self._name}: names must be a sequence of component names (or None for "
+                f"every component); received {found!r}. Hint: pool.plan_components(['c4'])."
+            )
+            raise LayoutError(msg)
+        picked = tuple(found)
+        unknown = [name for name in picked if name not in self._components]
+        if unknown or not picked or len(set(picked)) != len(picked):
+            msg = (
+                f"{self._name}: plan_components takes distinct names of its components "
+                f"{list(self._components)}; received {list(picked)}."
+            )
+            raise LayoutError(msg)
+        nested = [n for n in picked if not hasattr(self._components[n], "_layer_entries")]
+        if nested:
+            msg = (
+                f"{self._name}: components {nested} are composites themselves.\nHint: plan "
+                "their components: pool.components[name].plan_components()."
+            )
+            raise LayoutError(msg)
+        key = ("components", picked)
+        hit = self._layer_plans.get(key)
+        if not isinstance(hit, ComponentsPlan):
+            hit = ComponentsPlan(self, picked)
+            if len(self._layer_plans) >= 64:
+                self._layer_plans.clear()
+            self._layer_plans[key] = hit
         return hit
 
     def _composite_wait(self, layer_id: int) -> bool:
