@@ -1060,6 +1060,7 @@ def read_spaces(
     *,
     validate: bool = True,
     impl: Impl = "auto",
+    names: Sequence[str] = (),
 ) -> list[torch.Tensor]:
     """Read tokens ``locs[s]`` of every layer of space ``s``: one ``[layers, n_s, dim]`` each.
 
@@ -1084,12 +1085,9 @@ def read_spaces(
     spaces, spec = plan.spaces, plan.spec
     if validate:
         locs = [
-            check_layer_loc(
-                loc, len(part.bufs), capacity=part.capacity, device=part.bufs[0].device,
-                error=LayoutError, unique=False, capacities=part.capacities,
-            )
-            for part, loc in zip(spaces, locs, strict=True)
-        ]  # fmt: skip
+            _check_space_loc(part, loc, names[place] if place < len(names) else f"space {place}")
+            for place, (part, loc) in enumerate(zip(spaces, locs, strict=True))
+        ]
     if all(loc.dim() == 1 for loc in locs) and plan.one_launch(
         impl, write=False, values_dtype=None
     ):
@@ -1112,6 +1110,18 @@ def read_spaces(
         read_layers(part, loc, validate=False, impl=impl)
         for part, loc in zip(spaces, locs, strict=True)
     ]
+
+
+def _check_space_loc(part: LayersPlan, loc: object, label: str) -> torch.Tensor:
+    """One space's read locations, checked; an error says which space."""
+    try:
+        return check_layer_loc(
+            loc, len(part.bufs), capacity=part.capacity, device=part.bufs[0].device,
+            error=LayoutError, unique=False, capacities=part.capacities,
+        )  # fmt: skip
+    except LayoutError as exc:
+        msg = f"{label}: {exc}"
+        raise LayoutError(msg) from None
 
 
 def write_spaces(
@@ -1161,8 +1171,8 @@ def write_spaces(
         for place, (part, loc, given) in enumerate(
             zip(plan.spaces, checked_locs, values, strict=True)
         ):
-            role = labels[place] if place < len(labels) else f"space {place}"
-            spaces.append(_check_layer_part(part, loc, given, role, {}, check_finite, validate))
+            role = labels[place] if place < len(labels) else f"space {place}'s value"
+            spaces.append(_check_space_part(part, loc, given, role, check_finite, validate))
         ready.append((plan, spaces))
     every = tuple(buf for _, spaces in ready for part, _, _ in spaces for buf in part.bufs)
     ready = [
@@ -1182,6 +1192,24 @@ def write_spaces(
         store for _, spaces in ready for part, rows, loc in spaces
         for store in _layer_stores(part, rows, loc)
     ])  # fmt: skip
+
+
+def _check_space_part(
+    part: LayersPlan,
+    loc: torch.Tensor,
+    values: object,
+    role: str,
+    check_finite: bool,
+    validate: bool,
+) -> tuple[LayersPlan, torch.Tensor, torch.Tensor]:
+    """:func:`_check_layer_part` of one space; an error says which space."""
+    try:
+        return _check_layer_part(part, loc, values, role, {}, check_finite, validate)
+    except WriteError as exc:
+        if role in str(exc):
+            raise
+        msg = f"{role}: {exc}"  # a location error: say which space's
+        raise WriteError(msg) from None
 
 
 def _write_space_kernels(

@@ -169,8 +169,9 @@ class ComponentsPlan:
             if members[0][1] != "key":  # a group of value buffers
                 continue
             dense = read_spaces(
-                plan, [locs[name] for name, _ in members], validate=validate, impl=impl
-            )
+                plan, [locs[name] for name, _ in members], validate=validate, impl=impl,
+                names=[f"component {name!r}" for name, _ in members],
+            )  # fmt: skip
             spec = plan.spec
             for (name, _), rows in zip(members, dense, strict=True):
                 found[name] = rows.view(*rows.shape[:2], spec.heads, spec.dim // spec.heads)
@@ -250,7 +251,7 @@ class ComponentsPlan:
         for plan, members in self._groups:
             sources = [keys[name] if role == "key" else given[name] for name, role in members]
             parts.append((plan, [locs[name] for name, _ in members], sources))
-        labels = [[f"{role}s of component {name!r}" for name, role in m] for _, m in self._groups]
+        labels = [[f"{name!r} component's {role}" for name, role in m] for _, m in self._groups]
         try:
             write_spaces(
                 parts, check_finite=check_finite, validate=validate, impl=impl, names=labels

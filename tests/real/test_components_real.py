@@ -115,11 +115,13 @@ def test_bad_input_is_refused_and_writes_nothing(monkeypatch: pytest.MonkeyPatch
     last = step.components[-1]
     capacity = _capacity(pool.components[last])
     bad = dict(locs, **{last: torch.tensor([0, capacity])})  # one out of range, last component
-    with pytest.raises(WriteError, match=str(capacity)):
+    with pytest.raises(WriteError, match=rf"'{last}' component's key: .*{capacity}"):
         step.write(bad, keys)
+    with pytest.raises(LayoutError, match=rf"component '{last}': .*{capacity}"):
+        step.read(bad)
     with pytest.raises(WriteError, match="keeps no separate values"):
         step.write(locs, keys, {"swa": torch.zeros_like(keys["swa"])})
-    with pytest.raises(WriteError, match="shape"):
+    with pytest.raises(WriteError, match="the 'c4' component's keys must hold one block per"):
         step.write(locs, dict(keys, c4=keys["c4"][:, :1]))
     real = torch.Tensor.index_copy_
     calls = {"n": 0, "fail": 0}
