@@ -137,6 +137,51 @@ def _segment_block(
 
 
 @triton.jit
+def _tile_block(
+    loc_ptr,
+    bases_ptr,
+    n,
+    PAGE,
+    PAGE_BYTES,
+    DATA_STRIDE,
+    SCALE_BASE,
+    SCALE_STRIDE,
+    BLOCK_T: tl.constexpr,
+    LAYERED: tl.constexpr,
+    LOC_LAYERS: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    n0,
+    n1,
+    n2,
+    n3,
+    loc0,
+    loc1,
+    loc2,
+    loc3,
+    row0,
+    row1,
+    row2,
+    row3,
+):
+    """:func:`_segment_block` with ``SEGMENTS`` (several token spaces), else :func:`_token_block`.
+
+    What the e4m3-tile kernels call: one token space, one layer or many, or several
+    spaces whose layers each carry their own page geometry in ``bases_ptr``.
+    """
+    if SEGMENTS:
+        tok, live, data_off, scale_off = _segment_block(
+            loc_ptr, bases_ptr, DATA_STRIDE, SCALE_STRIDE, BLOCK_T,
+            n0, n1, n2, n3, loc0, loc1, loc2, loc3, row0, row1, row2, row3,
+        )  # fmt: skip
+    else:
+        tok, live, data_off, scale_off = _token_block(
+            loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE,
+            BLOCK_T, LAYERED, LOC_LAYERS,
+        )  # fmt: skip
+    return tok, live, data_off, scale_off
+
+
+@triton.jit
 def _fp4_block(live):
     """V41_FP4's ``[32 tiles x 8]`` grid of code-pair bytes: ``(tile, mask3, within)``."""
     tile = tl.arange(0, 32)

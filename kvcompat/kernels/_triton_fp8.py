@@ -20,8 +20,7 @@ from kvcompat.kernels._triton_common import (
     _encode_e4m3fnuz,
     _peak,
     _prefetch_edges,
-    _segment_block,
-    _token_block,
+    _tile_block,
     _word_ptr,
 )
 
@@ -83,25 +82,11 @@ def _read_fp8_kernel(
     else:
         out_ptr = out_ptr.to(tl.pointer_type(tl.int16))
     buf_u8 = _word_ptr(buf_ptr, 1)
-    if SEGMENTS:  # several token spaces, each layer with its own geometry (bases_ptr)
-        tok, live, data_off, scale_off = _segment_block(
-            loc_ptr, bases_ptr, DATA_STRIDE, SCALE_STRIDE, BLOCK_T,
-            n0, n1, n2, n3, loc0, loc1, loc2, loc3, row0, row1, row2, row3,
-        )  # fmt: skip
-    else:
-        tok, live, data_off, scale_off = _token_block(
-            loc_ptr,
-            bases_ptr,
-            n,
-            PAGE,
-            PAGE_BYTES,
-            DATA_STRIDE,
-            SCALE_BASE,
-            SCALE_STRIDE,
-            BLOCK_T,
-            LAYERED,
-            LOC_LAYERS,
-        )
+    tok, live, data_off, scale_off = _tile_block(
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE,
+        BLOCK_T, LAYERED, LOC_LAYERS, SEGMENTS,
+        n0, n1, n2, n3, loc0, loc1, loc2, loc3, row0, row1, row2, row3,
+    )  # fmt: skip
     tile = tl.arange(0, NT_P2)
     col = tl.arange(0, TILE)
     mask2 = live[:, None] & (tile[None, :] < NT)
@@ -328,25 +313,11 @@ def _write_fp8_kernel(  # noqa: PLR0912 - one constexpr branch per store mode
     need not start or end on a 32-byte sector; those edge sectors are prefetched first.
     """
     buf_u8 = _word_ptr(buf_ptr, 1)
-    if SEGMENTS:  # several token spaces, each layer with its own geometry (bases_ptr)
-        tok, live, data_off, scale_off = _segment_block(
-            loc_ptr, bases_ptr, DATA_STRIDE, SCALE_STRIDE, BLOCK_T,
-            n0, n1, n2, n3, loc0, loc1, loc2, loc3, row0, row1, row2, row3,
-        )  # fmt: skip
-    else:
-        tok, live, data_off, scale_off = _token_block(
-            loc_ptr,
-            bases_ptr,
-            n,
-            PAGE,
-            PAGE_BYTES,
-            DATA_STRIDE,
-            SCALE_BASE,
-            SCALE_STRIDE,
-            BLOCK_T,
-            LAYERED,
-            LOC_LAYERS,
-        )
+    tok, live, data_off, scale_off = _tile_block(
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, SCALE_BASE, SCALE_STRIDE,
+        BLOCK_T, LAYERED, LOC_LAYERS, SEGMENTS,
+        n0, n1, n2, n3, loc0, loc1, loc2, loc3, row0, row1, row2, row3,
+    )  # fmt: skip
     if SPAN > 0 and not SOFT:
         _prefetch_edges(buf_u8, data_off, live, SPAN)
     if NROPE > 0:  # issued first: a load after the stores below would wait for them
