@@ -973,11 +973,13 @@ class SpacesPlan:
         fnuz: the buffers hold ROCm e4m3fnuz V4 bytes.
     """
 
-    __slots__ = ("_table", "fnuz", "spaces", "spec")
+    __slots__ = ("_chosen", "_serves", "_table", "fnuz", "spaces", "spec")
 
     def __init__(self, spec: LayoutSpec, spaces: tuple[LayersPlan, ...], *, fnuz: bool) -> None:
         self.spec, self.spaces, self.fnuz = spec, spaces, fnuz
         self._table: torch.Tensor | None = None
+        self._chosen: dict[Any, tuple[bool, Any]] = {}  # dispatch()'s memo (first buffer)
+        self._serves: dict[tuple[bool, torch.dtype | None], bool] = {}  # segments_serve()
 
     def table(self) -> torch.Tensor:
         """Every layer's geometry for one launch over all the spaces, on their device (kept)."""
@@ -994,16 +996,22 @@ class SpacesPlan:
 
     def one_launch(self, impl: Impl, *, write: bool, values_dtype: torch.dtype | None) -> bool:
         """Whether a call with this ``impl`` moves every space in one launch."""
-        first = self.spaces[0].bufs[0]
-        return (
-            1 < len(self.spaces) <= _MAX_SPACES
-            and dispatch(
-                impl, self.spec, first, write=write, fnuz=self.fnuz, values_dtype=values_dtype
-            )
-            and _launch().segments_serve(
-                self.spec, write=write, values_dtype=values_dtype, fnuz=self.fnuz
-            )
+        if not 1 < len(self.spaces) <= _MAX_SPACES or not dispatch(
+            impl, self.spec, self.spaces[0].bufs[0], write=write, fnuz=self.fnuz,
+            values_dtype=values_dtype, memo=self._chosen,
+        ):  # fmt: skip
+            return False
+        serves = self._serves.get((write, values_dtype))
+        if serves is None:  # the kernel plan depends only on these: decided once
+            serves = self._launch_serves(write, values_dtype)
+        return serves
+
+    def _launch_serves(self, write: bool, values_dtype: torch.dtype | None) -> bool:
+        serves: bool = _launch().segments_serve(
+            self.spec, write=write, values_dtype=values_dtype, fnuz=self.fnuz
         )
+        self._serves[write, values_dtype] = serves
+        return serves
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{len(p.bufs)} x {p.page_size}" for p in self.spaces)
@@ -1112,16 +1120,23 @@ def read_spaces(
     ]
 
 
-def _check_space_loc(part: LayersPlan, loc: object, label: str) -> torch.Tensor:
-    """One space's read locations, checked; an error says which space."""
+def _check_space_loc(
+    part: LayersPlan,
+    loc: object,
+    label: str,
+    error: type[LayoutError] | type[WriteError] = LayoutError,
+    *,
+    unique: bool = False,
+) -> torch.Tensor:
+    """One space's locations, checked; an error says which space (``label``)."""
     try:
         return check_layer_loc(
             loc, len(part.bufs), capacity=part.capacity, device=part.bufs[0].device,
-            error=LayoutError, unique=False, capacities=part.capacities,
+            error=error, unique=unique, capacities=part.capacities,
         )  # fmt: skip
-    except LayoutError as exc:
+    except error as exc:
         msg = f"{label}: {exc}"
-        raise LayoutError(msg) from None
+        raise error(msg) from None
 
 
 def write_spaces(
@@ -1202,14 +1217,11 @@ def _check_space_part(
     check_finite: bool,
     validate: bool,
 ) -> tuple[LayersPlan, torch.Tensor, torch.Tensor]:
-    """:func:`_check_layer_part` of one space; an error says which space."""
-    try:
-        return _check_layer_part(part, loc, values, role, {}, check_finite, validate)
-    except WriteError as exc:
-        if role in str(exc):
-            raise
-        msg = f"{role}: {exc}"  # a location error: say which space's
-        raise WriteError(msg) from None
+    """:func:`_check_layer_part` of one space, its locations checked first as that space's."""
+    checked: dict[tuple[int, ...], torch.Tensor] = {}
+    if validate:
+        checked[part.capacities] = _check_space_loc(part, loc, role, WriteError, unique=True)
+    return _check_layer_part(part, loc, values, role, checked, check_finite, validate)
 
 
 def _write_space_kernels(

@@ -52,7 +52,10 @@ class ComponentsPlan:
         {'full': (2, 2, 2, 8), 'swa': (2, 1, 2, 8)}
     """
 
-    __slots__ = ("_adapter", "_groups", "_layouts", "_raws", "components", "layers", "layouts")
+    __slots__ = (
+        "_adapter", "_groups", "_labels", "_layouts", "_raws", "_separate", "components",
+        "layers", "layouts",
+    )  # fmt: skip
 
     def __init__(self, adapter: Any, names: tuple[str, ...]) -> None:
         self._adapter = adapter
@@ -100,8 +103,12 @@ class ComponentsPlan:
             for (spec, fnuz, _), entries in grouped.items()
         ]
         self.layouts = tuple(plan.spec.name for plan, _ in self._groups)
+        self._separate = frozenset(n for _, m in self._groups for n, role in m if role == "value")
+        self._labels = [
+            [f"{name!r} component's {role}" for name, role in m] for _, m in self._groups
+        ]
         first = self._groups[0][0].spaces[0].bufs[0]
-        if first.is_cuda:  # the launch tables now, so that a captured call allocates nothing
+        if first.is_cuda:  # the launch tables now, so that a captured call builds none
             for plan, _ in self._groups:
                 with contextlib.suppress(ImportError):  # no triton: the twin serves
                     if len(plan.spaces) > 1:
@@ -165,12 +172,12 @@ class ComponentsPlan:
         self._fresh()
         self._wait(wait)
         found: dict[str, torch.Tensor] = {}
-        for plan, members in self._groups:
+        for (plan, members), labels in zip(self._groups, self._labels, strict=True):
             if members[0][1] != "key":  # a group of value buffers
                 continue
             dense = read_spaces(
                 plan, [locs[name] for name, _ in members], validate=validate, impl=impl,
-                names=[f"component {name!r}" for name, _ in members],
+                names=labels,
             )  # fmt: skip
             spec = plan.spec
             for (name, _), rows in zip(members, dense, strict=True):
@@ -213,11 +220,7 @@ class ComponentsPlan:
         check_impl(impl)
         locs = self._mapping(locs, "locs", WriteError)
         keys = self._mapping(keys, "keys", WriteError)
-        separate = [
-            name for name in self.components if any(
-                role == "value" for _, members in self._groups for n, role in members if n == name
-            )
-        ]  # fmt: skip
+        separate = self._separate
         given = dict(values or {})
         for name in self.components:
             layout = self._layouts[name]
@@ -251,10 +254,9 @@ class ComponentsPlan:
         for plan, members in self._groups:
             sources = [keys[name] if role == "key" else given[name] for name, role in members]
             parts.append((plan, [locs[name] for name, _ in members], sources))
-        labels = [[f"{name!r} component's {role}" for name, role in m] for _, m in self._groups]
         try:
             write_spaces(
-                parts, check_finite=check_finite, validate=validate, impl=impl, names=labels
+                parts, check_finite=check_finite, validate=validate, impl=impl, names=self._labels
             )
         except WriteError as exc:
             msg = f"{self._adapter.name}: {exc}"

@@ -117,7 +117,7 @@ def test_bad_input_is_refused_and_writes_nothing(monkeypatch: pytest.MonkeyPatch
     bad = dict(locs, **{last: torch.tensor([0, capacity])})  # one out of range, last component
     with pytest.raises(WriteError, match=rf"'{last}' component's key: .*{capacity}"):
         step.write(bad, keys)
-    with pytest.raises(LayoutError, match=rf"component '{last}': .*{capacity}"):
+    with pytest.raises(LayoutError, match=rf"'{last}' component's key: .*{capacity}"):
         step.read(bad)
     with pytest.raises(WriteError, match="keeps no separate values"):
         step.write(locs, keys, {"swa": torch.zeros_like(keys["swa"])})
