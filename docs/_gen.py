@@ -175,6 +175,7 @@ def write_generated(folder: Path) -> None:
         ("supported_table.md", supported_table()),
         ("layers-gpu.md", layers_gpu_table(data)),
         ("layers-strided-gpu.md", layers_gpu_table(data, "layers-strided-gpu.json")),
+        ("layers-components-gpu.md", layers_gpu_table(data, "layers-components-gpu.json")),
         ("vllm-matrix.md", vllm_matrix_table(data)),
         ("host-cost-cpu.md", host_cost_table(data)),
     ):

@@ -973,19 +973,33 @@ class SpacesPlan:
         fnuz: the buffers hold ROCm e4m3fnuz V4 bytes.
     """
 
-    __slots__ = ("_chosen", "_serves", "_table", "fnuz", "spaces", "spec")
+    __slots__ = ("_chosen", "_serves", "_table", "_tabled", "fnuz", "spaces", "spec")
 
     def __init__(self, spec: LayoutSpec, spaces: tuple[LayersPlan, ...], *, fnuz: bool) -> None:
         self.spec, self.spaces, self.fnuz = spec, spaces, fnuz
         self._table: torch.Tensor | None = None
+        self._tabled = False
         self._chosen: dict[Any, tuple[bool, Any]] = {}  # dispatch()'s memo (first buffer)
         self._serves: dict[tuple[bool, torch.dtype | None], bool] = {}  # segments_serve()
 
-    def table(self) -> torch.Tensor:
-        """Every layer's geometry for one launch over all the spaces, on their device (kept)."""
-        if self._table is None:
+    def table(self) -> torch.Tensor | None:
+        """Every layer's geometry for one launch over all the spaces, on their device (kept).
+
+        None where their pages cannot share one launch (a page pitch that is not a
+        multiple of 16 bytes); each space then takes its own.
+        """
+        if not self._tabled:
             groups = [(part.bufs, part.page_size) for part in self.spaces]
             self._table = _launch().segment_table(self.spec, groups)
+            self._tabled = True
+        return self._table
+
+    def launch_table(
+        self, impl: Impl, *, write: bool, values_dtype: torch.dtype | None
+    ) -> torch.Tensor | None:
+        """:meth:`table` where a call with this ``impl`` moves every space in one launch."""
+        if not self.one_launch(impl, write=write, values_dtype=values_dtype):
+            return None
         return self._table
 
     def holds(self, bufs: Sequence[Sequence[torch.Tensor]]) -> bool:
@@ -1009,7 +1023,7 @@ class SpacesPlan:
     def _launch_serves(self, write: bool, values_dtype: torch.dtype | None) -> bool:
         serves: bool = _launch().segments_serve(
             self.spec, write=write, values_dtype=values_dtype, fnuz=self.fnuz
-        )
+        ) and (self.table() is not None)
         self._serves[write, values_dtype] = serves
         return serves
 
@@ -1096,9 +1110,12 @@ def read_spaces(
             _check_space_loc(part, loc, names[place] if place < len(names) else f"space {place}")
             for place, (part, loc) in enumerate(zip(spaces, locs, strict=True))
         ]
-    if all(loc.dim() == 1 for loc in locs) and plan.one_launch(
-        impl, write=False, values_dtype=None
-    ):
+    table = (
+        plan.launch_table(impl, write=False, values_dtype=None)
+        if all(loc.dim() == 1 for loc in locs)
+        else None
+    )
+    if table is not None:
         locs = _one_dtype(locs)
         counts = [
             len(part.bufs) * int(loc.shape[0]) for part, loc in zip(spaces, locs, strict=True)
@@ -1106,7 +1123,7 @@ def read_spaces(
         first = spaces[0].bufs[0]
         out = torch.empty(sum(counts), spec.dim, dtype=spec.output_dtype, device=first.device)
         _launch().gather_dequantize_segments(
-            spec, first, plan.table(), locs, [len(part.bufs) for part in spaces], out,
+            spec, first, table, locs, [len(part.bufs) for part in spaces], out,
             page_size=spaces[0].page_size, fnuz=plan.fnuz,
         )  # fmt: skip
         found, start = [], 0
@@ -1229,15 +1246,16 @@ def _write_space_kernels(
 ) -> None:
     dtypes = {rows.dtype for _, rows, _ in spaces}
     locs = [loc for _, _, loc in spaces]
-    if (
-        len(dtypes) == 1
-        and all(loc.dim() == 1 for loc in locs)
-        and plan.one_launch(impl, write=True, values_dtype=dtypes.pop())
-    ):
+    table = (
+        plan.launch_table(impl, write=True, values_dtype=dtypes.pop())
+        if len(dtypes) == 1 and all(loc.dim() == 1 for loc in locs)
+        else None
+    )
+    if table is not None:
         first = plan.spaces[0]
         _launch().quantize_scatter_segments(
             plan.spec, [rows.reshape(-1, plan.spec.dim) for _, rows, _ in spaces],
-            first.bufs[0], plan.table(), _one_dtype(locs), [len(p.bufs) for p in plan.spaces],
+            first.bufs[0], table, _one_dtype(locs), [len(p.bufs) for p in plan.spaces],
             page_size=first.page_size, fnuz=plan.fnuz,
         )  # fmt: skip
         return

@@ -22,6 +22,7 @@ from kvcompat.kernels import _triton as jit
 from kvcompat.kernels._config import KernelFamily, LaunchSettings, launch_settings
 from kvcompat.kernels._plan import (
     Plan,
+    align_bytes,
     cached_geometry,
     chunk_words,
     launch_family,
@@ -562,13 +563,15 @@ def segments_serve(
 
 def segment_table(
     spec: LayoutSpec, groups: Sequence[tuple[Sequence[torch.Tensor], int]]
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """The ``[layers, 6]`` int64 table a segmented launch reads, on the buffers' device.
 
     ``groups`` are the segments' buffers, each with its page size; a layer's row holds its
     buffer's byte offset from the first buffer, its page size, page pitch and scale-row
     offset, its segment and its place in the segment. Host checks only (geometry, device,
-    alignment), made once per plan.
+    alignment), made once per plan. None where a page pitch or scale-row offset is not a
+    multiple of 16 bytes (a strided view of odd pitch): the kernel assumes they are, so
+    such spaces take one launch each.
     """
     if not groups or not all(bufs for bufs, _ in groups):
         msg = "a segmented launch needs at least one buffer in every segment; received none."
@@ -584,6 +587,8 @@ def segment_table(
                     f"and {buf.device}."
                 )
                 raise LayoutError(msg)
+            if align_bytes(geo["PAGE_BYTES"], geo["SCALE_BASE"]) < _ALIGN:
+                return None
             rows.append([
                 buf.data_ptr() - first.data_ptr(), geo["PAGE"], geo["PAGE_BYTES"],
                 geo["SCALE_BASE"], segment, place,

@@ -71,6 +71,7 @@ def _read_fp4_kernel(
         BLOCK_T,
         LAYERED,
         LOC_LAYERS,
+        16,  # every layered launch's bases come from 16-byte aligned buffers
     )
     tile = tl.arange(0, NT)
     mask3 = live[:, None, None]
@@ -179,6 +180,7 @@ def _write_fp4_kernel(
         BLOCK_T,
         LAYERED,
         LOC_LAYERS,
+        16,  # every layered launch's bases come from 16-byte aligned buffers
     )
     tile, mask3, within = _fp4_block(live)
     lo, hi = _load_pairs(words_ptr, tok[:, None, None] * 256 + within, mask3, IN_KIND, EVICT)
@@ -325,6 +327,7 @@ def _write_fp4_pairs_kernel(
         BLOCK_T,
         LAYERED,
         LOC_LAYERS,
+        16,  # every layered launch's bases come from 16-byte aligned buffers
     )
     tile, mask3, within = _fp4_block(live)
     w = tl.load(
@@ -462,6 +465,7 @@ def _write_fp4_ue8m0_kernel(
         BLOCK_T,
         LAYERED,
         LOC_LAYERS,
+        16,  # every layered launch's bases come from 16-byte aligned buffers
     )
     tile = tl.arange(0, NT)
     mask3 = live[:, None, None]

@@ -152,8 +152,9 @@ def _write_plain_kernel(
     """
     dst_ptr = _word_ptr(buf_ptr, ESIZE)
     tok, live, data_off, _ = _token_block(
-        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS
-    )
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS,
+        16,  # every layered launch's bases come from 16-byte aligned buffers
+    )  # fmt: skip
     pool_row = data_off // ESIZE
     for c0 in tl.static_range(0, DIM, BLOCK_C):
         col = c0 + tl.arange(0, BLOCK_C)

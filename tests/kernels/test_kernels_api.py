@@ -364,3 +364,27 @@ def test_a_layout_declares_its_launch_settings() -> None:
         assert launch_settings("write_fp8", None, write.launch) == LaunchSettings(16, 8)
     finally:
         del OVERRIDES["write_fp8"]
+
+
+def test_a_segment_table_is_made_only_of_16_byte_pitches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one launch over several token spaces tells the compiler that every page pitch
+    and scale-row offset in its table is a multiple of 16 bytes (so it moves 16 bytes at a
+    time); where one is not, no table is made and each space takes its own launch."""
+    from kvcompat import _ops
+    from kvcompat.kernels import _launch
+
+    monkeypatch.setattr(_launch, "_check_device", lambda buf: None)  # host checks only here
+    bufs = [make_buffer(V4, 2, 6, seed=i) for i in range(3)]
+    groups = [(bufs[:2], 2), (bufs[2:], 2)]
+    table = _launch.segment_table(V4, groups)
+    assert table is not None
+    assert table[:, 2].tolist() == [V4.page_bytes(2)] * 3
+    real = _launch._check_buf
+
+    def odd_pitch(spec: LayoutSpec, buf: object, page_size: object) -> dict[str, int]:
+        geo = real(spec, buf, page_size)
+        return {**geo, "PAGE_BYTES": geo["PAGE_BYTES"] + 8}
+
+    monkeypatch.setattr(_launch, "_check_buf", odd_pitch)
+    assert _launch.segment_table(V4, groups) is None
+    assert _ops.plan_spaces(V4, groups).table() is None
