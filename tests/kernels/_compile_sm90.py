@@ -5,11 +5,15 @@ paths of the ROCm-flavour V4 kernels and of the indexer-key kernels (fp8 and fp4
 run under the CPU interpreter, so this script
 hands those kernels to Triton's own compiler for an H100/H200 target (ptxas ships with
 triton) and fails if any does not assemble. It prints one line per kernel: name, SASS size
-in bytes.
+in bytes. Then, for the V4 read and write kernels on one layer, on many layers and over
+several token spaces, a line ``widths <kernel> <addressing>: <access>=<count> ...`` of
+their global loads and stores by width (``ld.v4.b32`` moves 16 bytes, ``st.b8`` one): a
+layered launch must move as many bytes at a time as a one-layer launch.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -34,7 +38,10 @@ SEGMENT_SCALARS = tuple(f"{what}{i}" for what in ("n", "loc", "row") for i in ra
 """The e4m3-tile kernels' per-call numbers of a launch over several token spaces."""
 
 
-def build(kernel: object, first: str, dtype: str, constants: dict[str, object], warps: int) -> int:
+def compile_sm90(
+    kernel: object, first: str, dtype: str, constants: dict[str, object], warps: int
+) -> dict[str, object]:
+    """The compiled kernel's assembly (``ptx``, ``cubin``, ...) for sm_90."""
     signature = {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
     signature.update(dict.fromkeys(GEOMETRY, "i32"))
     names = kernel.arg_names  # type: ignore[attr-defined]
@@ -45,7 +52,47 @@ def build(kernel: object, first: str, dtype: str, constants: dict[str, object], 
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
     )
-    return len(compiled.asm["cubin"])
+    return dict(compiled.asm)
+
+
+def build(kernel: object, first: str, dtype: str, constants: dict[str, object], warps: int) -> int:
+    return len(compile_sm90(kernel, first, dtype, constants, warps)["cubin"])  # type: ignore[arg-type]
+
+
+_ACCESS = re.compile(r"\b(ld|st)\.global((?:\.[\w:]+)+)")
+
+
+def widths(ptx: str) -> dict[str, int]:
+    """The global loads and stores of ``ptx`` by width: ``{"ld.v4.b32": 1, "st.b8": 2}``."""
+    found: dict[str, int] = {}
+    for op, suffix in _ACCESS.findall(ptx):
+        parts = [p for p in suffix.split(".") if p and "::" not in p]  # no cache hints
+        vector = [parts[-2]] if len(parts) > 1 and parts[-2].startswith("v") else []
+        key = ".".join([op, *vector, parts[-1]])
+        found[key] = found.get(key, 0) + 1
+    return dict(sorted(found.items()))
+
+
+def print_widths() -> None:
+    """One ``widths`` line per V4 read / write kernel and addressing (see the docstring)."""
+    read_v4, write_v4 = read_plan(V4, fnuz=False), write_plan(V4, torch.bfloat16, fnuz=False)
+    assert not isinstance(read_v4, str)
+    assert not isinstance(write_v4, str)
+    plain = {"SOFT": False, "EVICT": "", "BLOCK_T": 2, "LOC_LAYERS": False}
+    addressing = {
+        "one-layer": {"LAYERED": False, "SEGMENTS": False},
+        "layered": {"LAYERED": True, "SEGMENTS": False},
+        "segments": {"LAYERED": True, "SEGMENTS": True},
+    }
+    for name, kernel, first, plan in (
+        ("read_fp8", jit._read_fp8_kernel, "out_ptr", read_v4),
+        ("write_fp8", jit._write_fp8_kernel, "values_ptr", write_v4),
+    ):
+        for how, flags in addressing.items():
+            constants = {**plan.constants, **plain, **flags}
+            ptx = compile_sm90(kernel, first, "*bf16", constants, warps=2)["ptx"]
+            counts = " ".join(f"{k}={v}" for k, v in widths(str(ptx)).items())
+            print(f"widths {name} {how}: {counts}")
 
 
 def main() -> int:
@@ -99,6 +146,7 @@ def main() -> int:
     for name, kernel, first, dtype, constants in cases:
         size = build(kernel, first, dtype, constants, warps=2)
         print(f"{name}: {size} bytes of sm_90 code")
+    print_widths()
     return 0
 
 
