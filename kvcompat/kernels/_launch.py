@@ -269,6 +269,7 @@ def _read(
             jit._copy_rows_kernel[grid](
                 _raw(buf), _raw(out), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"],
                 geo["DATA_STRIDE"], **_kwargs(plan, settings, word), LAYERED=layered, **per_layer,
+                BASE_ALIGN=_ALIGN,  # layer_bases() of 16-byte aligned buffers
             )  # fmt: skip
         elif plan.family == "read_fp4":
             jit._read_fp4_kernel[grid](
@@ -346,7 +347,7 @@ def _write(
             )
             jit._copy_rows_kernel[grid](
                 rows, _raw(buf), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
-                **_kwargs(plan, settings, word), **extra,
+                **_kwargs(plan, settings, word), **extra, BASE_ALIGN=_ALIGN,
             )  # fmt: skip
         elif plan.family == "write_plain":
             jit._write_plain_kernel[grid](
@@ -493,11 +494,12 @@ def copy_rows_layers(
     settings = launch_settings(plan.family, None if INTERPRETED else n * layers, plan.launch)
     grid = (-(-n // settings.block_tokens), layers)
     word = word_bytes(row_bytes, row_stride, pool.data_ptr(), dense.data_ptr(), *addresses)
+    align = align_bytes(pool.data_ptr(), *addresses) if addresses else 1  # divides every base
     src, dst = (pool, dense) if gather else (dense, pool)
     with _on_device(pool):
         jit._copy_rows_kernel[grid](
             src, dst, rows, bases, n, 1, row_stride, 0,
-            **_kwargs(plan, settings, word), LAYERED=True,
+            **_kwargs(plan, settings, word), LAYERED=True, BASE_ALIGN=align,
         )  # fmt: skip
 
 

@@ -43,17 +43,20 @@ def _copy_rows_kernel(
     BLOCK_T: tl.constexpr,
     LAYERED: tl.constexpr,
     LOC_LAYERS: tl.constexpr = False,
+    BASE_ALIGN: tl.constexpr = 1,
 ):
     """Copy ``ROW_WORDS`` words per token: pool row -> dense row (GATHER) or back.
 
     Full ``BLOCK_C``-word blocks first, then one ``TAIL_C``-word block (a power of two)
     for the rest, so no lane idles on a masked-off column except in that tail.
+    ``BASE_ALIGN`` divides every per-layer offset in ``bases_ptr`` (see ``_token_block``).
     """
     src_ptr = _word_ptr(src_ptr, WORD)
     dst_ptr = _word_ptr(dst_ptr, WORD)
     tok, live, data_off, _ = _token_block(
-        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS
-    )
+        loc_ptr, bases_ptr, n, PAGE, PAGE_BYTES, DATA_STRIDE, 0, 0, BLOCK_T, LAYERED, LOC_LAYERS,
+        BASE_ALIGN,
+    )  # fmt: skip
     pool_row = data_off // WORD
     dense_row = tok * ROW_WORDS
     main_end: tl.constexpr = ROW_WORDS // BLOCK_C * BLOCK_C

@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kvcompat.kernels import _triton as jit
-from kvcompat.kernels._plan import read_plan, write_plan
+from kvcompat.kernels._plan import chunk_words, read_plan, write_plan
 from kvcompat.layouts import (
     DSA_FP8,
     DSV4_INDEXER_FP4,
@@ -33,21 +33,33 @@ from kvcompat.layouts import (
 )
 
 GEOMETRY = ("n", "PAGE", "PAGE_BYTES", "DATA_STRIDE", "SCALE_BASE", "SCALE_STRIDE")
-POINTERS = (0, 1, 2, 3)
 SEGMENT_SCALARS = tuple(f"{what}{i}" for what in ("n", "loc", "row") for i in range(4))
 """The e4m3-tile kernels' per-call numbers of a launch over several token spaces."""
 
 
 def compile_sm90(
-    kernel: object, first: str, dtype: str, constants: dict[str, object], warps: int
+    kernel: object,
+    first: str,
+    dtype: str,
+    constants: dict[str, object],
+    warps: int,
+    pointers: dict[str, str] | None = None,
 ) -> dict[str, object]:
-    """The compiled kernel's assembly (``ptx``, ``cubin``, ...) for sm_90."""
-    signature = {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
-    signature.update(dict.fromkeys(GEOMETRY, "i32"))
-    names = kernel.arg_names  # type: ignore[attr-defined]
+    """The compiled kernel's assembly (``ptx``, ``cubin``, ...) for sm_90.
+
+    ``pointers`` replaces the tile kernels' pointer arguments (``first``, ``buf_ptr``,
+    ``loc_ptr``, ``bases_ptr``) for kernels that name theirs otherwise. Pointers and the
+    byte strides are passed as 16-byte multiples, as a real launch's are.
+    """
+    if pointers is None:
+        pointers = {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
+    names = list(kernel.arg_names)  # type: ignore[attr-defined]
+    signature = dict(pointers)
+    signature.update({name: "i32" for name in GEOMETRY if name in names})
     signature.update({name: "i64" for name in SEGMENT_SCALARS if name in names})
     signature.update(dict.fromkeys(constants, "constexpr"))
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (*POINTERS, 6, 7, 8, 9)}
+    divisible = [name for name in (*pointers, *GEOMETRY[2:]) if name in names]
+    aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
@@ -93,6 +105,17 @@ def print_widths() -> None:
             ptx = compile_sm90(kernel, first, "*bf16", constants, warps=2)["ptx"]
             counts = " ".join(f"{k}={v}" for k, v in widths(str(ptx)).items())
             print(f"widths {name} {how}: {counts}")
+    # Plain rows (MHA / MLA reads, a transfer's pack step): 512-byte rows in 8-byte words.
+    words = 512 // 8
+    block, tail = chunk_words(words)
+    rows = {"ROW_WORDS": words, "WORD": 8, "GATHER": True, "BLOCK_C": block, "TAIL_C": tail,
+            "EVICT": "", "BLOCK_T": 4, "LOC_LAYERS": False, "BASE_ALIGN": 16}  # fmt: skip
+    pointers = {"src_ptr": "*u8", "dst_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
+    for how, layered in (("one-layer", False), ("layered", True)):
+        constants = {**rows, "LAYERED": layered}
+        asm = compile_sm90(jit._copy_rows_kernel, "", "", constants, warps=4, pointers=pointers)
+        counts = " ".join(f"{k}={v}" for k, v in widths(str(asm["ptx"])).items())
+        print(f"widths gather_rows {how}: {counts}")
 
 
 def main() -> int:

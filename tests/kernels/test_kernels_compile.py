@@ -50,6 +50,7 @@ def _layered_launches_move_as_many_bytes_at_a_time(lines: list[str]) -> None:
         head, counts = line.removeprefix("widths ").split(": ")
         kernel, how = head.split(" ")
         found[kernel, how] = {k: int(v) for k, v in (c.split("=") for c in counts.split())}
+    assert {kernel for kernel, _ in found} == {"read_fp8", "write_fp8", "gather_rows"}, lines
     assert {how for _, how in found} == {"one-layer", "layered", "segments"}, lines
     for (kernel, how), counts in found.items():
         one = found[kernel, "one-layer"]
