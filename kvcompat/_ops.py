@@ -1000,7 +1000,7 @@ class SpacesPlan:
         """:meth:`table` where a call with this ``impl`` moves every space in one launch."""
         if not self.one_launch(impl, write=write, values_dtype=values_dtype):
             return None
-        return self._table
+        return self.table()
 
     def holds(self, bufs: Sequence[Sequence[torch.Tensor]]) -> bool:
         """Whether each space's buffers are still ``bufs[s]``, over the same memory."""

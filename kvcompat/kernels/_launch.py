@@ -65,6 +65,8 @@ ROCM: bool = torch.version.hip is not None
 ones use NVIDIA's fp8 conversions and inline PTX. (Not run on a ROCm GPU.)"""
 
 _ALIGN = 16
+"""Every pool buffer a kernel takes starts on a multiple of this; the layered kernels tell
+the compiler so of every per-layer offset (``BASE_ALIGN``, ``_segment_block``)."""
 _MAX_BLOCK_C = 512
 
 
@@ -493,8 +495,12 @@ def copy_rows_layers(
     _check_device(pool)
     settings = launch_settings(plan.family, None if INTERPRETED else n * layers, plan.launch)
     grid = (-(-n // settings.block_tokens), layers)
-    word = word_bytes(row_bytes, row_stride, pool.data_ptr(), dense.data_ptr(), *addresses)
-    align = align_bytes(pool.data_ptr(), *addresses) if addresses else 1  # divides every base
+    # One scan of the layers' addresses: the power of two dividing them all divides every
+    # base (the kernel is told so), and the word must divide it too.
+    align = align_bytes(pool.data_ptr(), *addresses)
+    word = word_bytes(row_bytes, row_stride, dense.data_ptr(), align)
+    if not addresses:
+        align = 1  # the bases' alignment is unknown
     src, dst = (pool, dense) if gather else (dense, pool)
     with _on_device(pool):
         jit._copy_rows_kernel[grid](

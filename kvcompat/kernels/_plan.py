@@ -8,6 +8,7 @@ which lets ``impl="auto"`` fall back to the torch twin without importing triton.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -101,18 +102,17 @@ def align_bytes(*offsets: int) -> int:
         >>> align_bytes(4096, 48), align_bytes(4096, 8), align_bytes()
         (16, 8, 16)
     """
-    for size in (16, 8, 4, 2):
-        if all(offset % size == 0 for offset in offsets):
-            return size
-    return 1
+    return _lowest_bit(math.gcd(*offsets), 16)
 
 
 def word_bytes(row_bytes: int, *pointers: int) -> int:
     """The widest word (8, 4, 2 or 1 bytes) dividing ``row_bytes`` and every address."""
-    for size in (8, 4, 2):
-        if row_bytes % size == 0 and all(p % size == 0 for p in pointers):
-            return size
-    return 1
+    return _lowest_bit(math.gcd(row_bytes, *pointers), 8)
+
+
+def _lowest_bit(value: int, cap: int) -> int:
+    """The largest power of two up to ``cap`` (itself one) that divides ``value``."""
+    return cap if value == 0 else min(cap, value & -value)
 
 
 def fp8_constants(spec: LayoutSpec) -> dict[str, int | bool] | None:

@@ -123,8 +123,8 @@ def _segment_block(
     its segment ``s``, whose ``n_s`` locations start ``loc_s`` elements after ``loc_ptr``
     and whose dense rows start at row ``row_s`` (layer by layer, ``n_s`` rows each). Up
     to four segments; the per-call numbers are scalars, so a captured launch needs no
-    table of its own. The table's offsets and pitches are multiples of 16 bytes (the
-    launch refuses a table where they are not), which the loads are told.
+    table of its own. The table's offsets and pitches are multiples of 16 bytes (no table
+    is made where they are not), which the loads are told.
     """
     layer = tl.program_id(1).to(tl.int64)
     entry = table_ptr + layer * 6

@@ -37,22 +37,19 @@ SEGMENT_SCALARS = tuple(f"{what}{i}" for what in ("n", "loc", "row") for i in ra
 """The e4m3-tile kernels' per-call numbers of a launch over several token spaces."""
 
 
+def tile_pointers(first: str, dtype: str) -> dict[str, str]:
+    """The pointer arguments of the tile kernels: ``first`` (values or output), pool, loc, table."""
+    return {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
+
+
 def compile_sm90(
-    kernel: object,
-    first: str,
-    dtype: str,
-    constants: dict[str, object],
-    warps: int,
-    pointers: dict[str, str] | None = None,
+    kernel: object, pointers: dict[str, str], constants: dict[str, object], warps: int
 ) -> dict[str, object]:
     """The compiled kernel's assembly (``ptx``, ``cubin``, ...) for sm_90.
 
-    ``pointers`` replaces the tile kernels' pointer arguments (``first``, ``buf_ptr``,
-    ``loc_ptr``, ``bases_ptr``) for kernels that name theirs otherwise. Pointers and the
+    ``pointers`` names the kernel's pointer arguments and their types. Pointers and the
     byte strides are passed as 16-byte multiples, as a real launch's are.
     """
-    if pointers is None:
-        pointers = {first: dtype, "buf_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
     names = list(kernel.arg_names)  # type: ignore[attr-defined]
     signature = dict(pointers)
     signature.update({name: "i32" for name in GEOMETRY if name in names})
@@ -68,7 +65,7 @@ def compile_sm90(
 
 
 def build(kernel: object, first: str, dtype: str, constants: dict[str, object], warps: int) -> int:
-    return len(compile_sm90(kernel, first, dtype, constants, warps)["cubin"])  # type: ignore[arg-type]
+    return len(compile_sm90(kernel, tile_pointers(first, dtype), constants, warps)["cubin"])  # type: ignore[arg-type]
 
 
 _ACCESS = re.compile(r"\b(ld|st)\.global((?:\.[\w:]+)+)")
@@ -102,7 +99,7 @@ def print_widths() -> None:
     ):
         for how, flags in addressing.items():
             constants = {**plan.constants, **plain, **flags}
-            ptx = compile_sm90(kernel, first, "*bf16", constants, warps=2)["ptx"]
+            ptx = compile_sm90(kernel, tile_pointers(first, "*bf16"), constants, warps=2)["ptx"]
             counts = " ".join(f"{k}={v}" for k, v in widths(str(ptx)).items())
             print(f"widths {name} {how}: {counts}")
     # Plain rows (MHA / MLA reads, a transfer's pack step): 512-byte rows in 8-byte words.
@@ -113,7 +110,7 @@ def print_widths() -> None:
     pointers = {"src_ptr": "*u8", "dst_ptr": "*u8", "loc_ptr": "*i64", "bases_ptr": "*i64"}
     for how, layered in (("one-layer", False), ("layered", True)):
         constants = {**rows, "LAYERED": layered}
-        asm = compile_sm90(jit._copy_rows_kernel, "", "", constants, warps=4, pointers=pointers)
+        asm = compile_sm90(jit._copy_rows_kernel, pointers, constants, warps=4)
         counts = " ".join(f"{k}={v}" for k, v in widths(str(asm["ptx"])).items())
         print(f"widths gather_rows {how}: {counts}")
 
