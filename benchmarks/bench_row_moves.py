@@ -48,14 +48,14 @@ def _time(fn: Callable[[], object], iters: int, device: str) -> float:
 
 
 def bench(device: str, layers: int, pages: int, page_bytes: int, iters: int) -> None:
-    g = torch.Generator().manual_seed(pages)
+    g = torch.Generator(device=device).manual_seed(pages)  # random bytes made where they live
     total = 4 * pages  # each pool holds four times the request's pages
-    src = [torch.randint(0, 256, (total, page_bytes), generator=g, dtype=torch.uint8).to(device)
-           for _ in range(layers)]  # fmt: skip
+    src = [torch.randint(0, 256, (total, page_bytes), generator=g, dtype=torch.uint8,
+                         device=device) for _ in range(layers)]  # fmt: skip
     dst = [torch.zeros(total, page_bytes, dtype=torch.uint8, device=device)
            for _ in range(layers)]  # fmt: skip
-    take = torch.randperm(total, generator=g)[:pages].to(device)
-    put = torch.randperm(total, generator=g)[:pages].to(device)
+    take = torch.randperm(total, generator=g, device=device)[:pages]
+    put = torch.randperm(total, generator=g, device=device)[:pages]
     nbytes = layers * pages * page_bytes
     flat_src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     flat_dst = torch.empty_like(flat_src)
