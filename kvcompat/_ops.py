@@ -43,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -583,7 +584,9 @@ class LayersPlan:
         fnuz: the buffers hold ROCm e4m3fnuz V4 bytes.
     """
 
-    __slots__ = ("_bases", "bufs", "capacities", "capacity", "fnuz", "page_size", "ptrs", "spec")
+    __slots__ = (
+        "_bases", "_spans", "bufs", "capacities", "capacity", "fnuz", "page_size", "ptrs", "spec",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -598,6 +601,7 @@ class LayersPlan:
         self.capacities, self.capacity, self.fnuz = capacities, min(capacities), fnuz
         self.ptrs = tuple(buf.data_ptr() for buf in bufs)
         self._bases: torch.Tensor | None = None
+        self._spans: tuple[list[int], list[int]] | None = None
 
     def holds(self, bufs: Sequence[torch.Tensor]) -> bool:
         """Whether ``bufs`` are this plan's tensors, over the same memory."""
@@ -611,6 +615,27 @@ class LayersPlan:
         if self._bases is None:
             self._bases = _launch().layer_bases(self.spec, self.bufs, self.page_size)
         return self._bases
+
+    def touches(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` can share bytes with any of the buffers (address ranges only).
+
+        The buffers' ranges are merged and sorted once; a call bisects them, so checking
+        a write's values costs the same for 61 layers as for one.
+        """
+        mine = span(tensor)
+        if mine is None or tensor.device != self.bufs[0].device:
+            return False
+        if self._spans is None:
+            merged: list[list[int]] = []
+            for start, end in sorted(s for s in map(span, self.bufs) if s is not None):
+                if merged and start <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([start, end])
+            self._spans = ([m[0] for m in merged], [m[1] for m in merged])
+        starts, ends = self._spans
+        last = bisect.bisect_left(starts, mine[1]) - 1  # the last range starting before ours ends
+        return last >= 0 and ends[last] > mine[0]
 
     def __repr__(self) -> str:
         return (
@@ -864,8 +889,8 @@ def write_layer_parts(
     for index, (plan, values) in enumerate(parts):
         role = what[index] if index < len(what) else f"part {index}"
         ready.append(_check_layer_part(plan, loc, values, role, checked, check_finite, validate))
-    every = tuple(buf for plan, _, _ in ready for buf in plan.bufs)
-    ready = [(plan, unaliased(rows, every), loc64) for plan, rows, loc64 in ready]
+    plans = [plan for plan, _, _ in ready]
+    ready = [(plan, _unaliased(rows, plans), loc64) for plan, rows, loc64 in ready]
     kernels = [
         dispatch(impl, plan.spec, plan.bufs[0], write=True, fnuz=plan.fnuz, values_dtype=rows.dtype)
         for plan, rows, _ in ready
@@ -876,6 +901,13 @@ def write_layer_parts(
             launch(plan.spec, rows, plan.bufs, plan.bases(), loc64, plan.page_size, fnuz=plan.fnuz)
         return
     commit([store for plan, rows, loc64 in ready for store in _layer_stores(plan, rows, loc64)])
+
+
+def _unaliased(rows: torch.Tensor, plans: Sequence[LayersPlan]) -> torch.Tensor:
+    """:func:`~kvcompat.layouts._validate.unaliased` against every buffer of ``plans``."""
+    if any(plan.touches(rows) for plan in plans):
+        return rows.clone(memory_format=torch.contiguous_format)
+    return rows
 
 
 def _layer_stores(plan: LayersPlan, rows: torch.Tensor, loc64: torch.Tensor) -> list[Store]:
@@ -1206,9 +1238,9 @@ def write_spaces(
             role = labels[place] if place < len(labels) else f"space {place}'s value"
             spaces.append(_check_space_part(part, loc, given, role, check_finite, validate))
         ready.append((plan, spaces))
-    every = tuple(buf for _, spaces in ready for part, _, _ in spaces for buf in part.bufs)
+    targets = [part for _, spaces in ready for part, _, _ in spaces]
     ready = [
-        (plan, [(part, unaliased(rows, every), loc) for part, rows, loc in spaces])
+        (plan, [(part, _unaliased(rows, targets), loc) for part, rows, loc in spaces])
         for plan, spaces in ready
     ]
     kernels = [

@@ -447,3 +447,59 @@ def test_the_overlap_sweep_agrees_with_checking_every_pair(
     a = [v for v, side in views if side]
     b = [v for v, side in views if not side]
     assert _any_overlap(a, b) == any(overlaps(x, y) for x in a for y in b)
+
+
+_VIEW = st.tuples(st.integers(0, 9), st.integers(1, 10), st.integers(0, 7), st.integers(1, 8))
+
+
+@settings(max_examples=80, deadline=None)
+@given(bufs=st.lists(_VIEW, min_size=1, max_size=6), values=_VIEW)
+def test_a_plans_alias_check_agrees_with_checking_every_buffer(
+    bufs: list[tuple[int, int, int, int]], values: tuple[int, int, int, int]
+) -> None:
+    """``LayersPlan.touches`` (merged ranges, one bisect) = ``overlaps`` with each buffer,
+    for row slices and interleaved column slices (strided views) of one storage."""
+    from kvcompat._ops import LayersPlan
+    from kvcompat.layouts import mha_layout
+    from kvcompat.layouts._validate import overlaps
+
+    backing = torch.zeros(10, 8, dtype=torch.uint8)
+
+    def view(rows: int, count: int, col: int, width: int) -> torch.Tensor:
+        return backing[rows : rows + count, col : col + width]
+
+    layers = tuple(view(*b) for b in bufs)
+    plan = LayersPlan(
+        mha_layout(1, 8, torch.float8_e4m3fn), layers, 1, (1,) * len(layers), fnuz=False
+    )
+    tensor = view(*values)
+    expected = any(overlaps(tensor, buf) for buf in layers)
+    assert plan.touches(tensor) == expected
+    assert plan.touches(tensor) == expected  # the merged ranges, once made, agree too
+    assert not plan.touches(tensor.clone())
+
+
+def test_a_multi_layer_write_of_a_layers_own_rows_stores_them_as_they_were() -> None:
+    """Values that are a view of the pool (a "move tokens" call) are copied before the
+    store overwrites them: the result equals writing a copy taken before the call."""
+    from kvcompat._ops import _unaliased, plan_layers, write_layers
+    from kvcompat.layouts import mha_layout
+
+    spec = mha_layout(1, 4, torch.float32)
+    bufs = [torch.arange(32.0).view(8, 1, 4) + 100 * i for i in range(3)]
+    expected = [b.clone() for b in bufs]
+    loc = torch.tensor([1, 2, 3])
+    backing = torch.stack(bufs)  # the values: rows 0-2 of every layer, read from the pool
+    values = backing[:, 0:3]
+    for layer in range(3):
+        expected[layer][loc] = values[layer].clone()
+    bufs = list(backing.unbind(0))  # the pool's buffers are views of the same memory
+    plan = plan_layers(spec, bufs, 1)
+    apart = values.clone()
+    assert _unaliased(apart, [plan]) is apart  # values elsewhere are passed on as they are
+    copied = _unaliased(values, [plan])  # what a kernel reads while it writes the pool
+    assert copied.data_ptr() != values.data_ptr()
+    assert torch.equal(copied, values)
+    write_layers(plan, loc, values, impl="torch")
+    for got, want in zip(bufs, expected, strict=True):
+        assert torch.equal(got, want)

@@ -127,8 +127,13 @@ def test_a_validating_write_breaks_capture() -> None:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     marker = torch.zeros(1, device=DEVICE)
-    with pytest.raises(RuntimeError), torch.cuda.graph(graph):
-        # One captured op first: a write that fails before it launches anything would
-        # otherwise leave an empty graph, whose warning at capture end hides the error.
-        marker.add_(1)
-        case.step()
+
+    def capture() -> None:
+        with torch.cuda.graph(graph):
+            # One captured op first: a write that fails before it launches anything would
+            # otherwise leave an empty graph, whose warning at capture end hides the error.
+            marker.add_(1)
+            case.step()
+
+    with pytest.raises(RuntimeError):
+        capture()
