@@ -20,6 +20,7 @@ import triton
 from kvcompat._errors import LayoutError, WriteError
 from kvcompat.kernels import _triton as jit
 from kvcompat.kernels._config import KernelFamily, LaunchSettings, launch_settings
+from kvcompat.kernels._fast import launch
 from kvcompat.kernels._plan import (
     Plan,
     align_bytes,
@@ -268,18 +269,18 @@ def _read(
             word = word_bytes(
                 int(plan.constants["ROW_BYTES"]), geo["PAGE_BYTES"], buf.data_ptr(), out.data_ptr()
             )
-            jit._copy_rows_kernel[grid](
+            launch(jit._copy_rows_kernel, grid,
                 _raw(buf), _raw(out), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"],
                 geo["DATA_STRIDE"], **_kwargs(plan, settings, word), LAYERED=layered, **per_layer,
                 BASE_ALIGN=_ALIGN,  # layer_bases() of 16-byte aligned buffers
             )  # fmt: skip
         elif plan.family == "read_fp4":
-            jit._read_fp4_kernel[grid](
+            launch(jit._read_fp4_kernel, grid,
                 out, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings),
                 LAYERED=layered, **per_layer,
             )  # fmt: skip
         else:
-            jit._read_fp8_kernel[grid](
+            launch(jit._read_fp8_kernel, grid,
                 out, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings),
                 LAYERED=layered, **per_layer, **_ONE_SPACE,
             )  # fmt: skip
@@ -347,12 +348,12 @@ def _write(
             word = word_bytes(
                 int(plan.constants["ROW_BYTES"]), geo["PAGE_BYTES"], buf.data_ptr(), rows.data_ptr()
             )
-            jit._copy_rows_kernel[grid](
+            launch(jit._copy_rows_kernel, grid,
                 rows, _raw(buf), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
                 **_kwargs(plan, settings, word), **extra, BASE_ALIGN=_ALIGN,
             )  # fmt: skip
         elif plan.family == "write_plain":
-            jit._write_plain_kernel[grid](
+            launch(jit._write_plain_kernel, grid,
                 rows, _raw(buf), loc, table, n, geo["PAGE"], geo["PAGE_BYTES"], geo["DATA_STRIDE"],
                 **_kwargs(plan, settings), **extra,
             )  # fmt: skip
@@ -364,8 +365,17 @@ def _write(
             }.get(family, jit._write_fp8_kernel)
             if kernel is jit._write_fp8_kernel:
                 extra.update(_ONE_SPACE)
-            kernel[grid](
-                rows, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings), **extra
+            launch(
+                kernel,
+                grid,
+                rows,
+                _raw(buf),
+                loc,
+                table,
+                n,
+                *geo.values(),
+                **_kwargs(plan, settings),
+                **extra,
             )
 
 
@@ -503,7 +513,7 @@ def copy_rows_layers(
         align = 1  # the bases' alignment is unknown
     src, dst = (pool, dense) if gather else (dense, pool)
     with _on_device(pool):
-        jit._copy_rows_kernel[grid](
+        launch(jit._copy_rows_kernel, grid,
             src, dst, rows, bases, n, 1, row_stride, 0,
             **_kwargs(plan, settings, word), LAYERED=True, BASE_ALIGN=align,
         )  # fmt: skip
@@ -539,7 +549,7 @@ def move_rows_layers(
     block, tail = chunk_words(words)
     grid = (-(-n // settings.block_tokens), layers)
     with _on_device(src):
-        jit._move_rows_kernel[grid](
+        launch(jit._move_rows_kernel, grid,
             src, dst, src_rows, dst_rows, src_bases, dst_bases, n, src_pitch, dst_pitch,
             ROW_WORDS=words, WORD=word, BLOCK_C=block, TAIL_C=tail,
             BLOCK_T=settings.block_tokens, num_warps=settings.num_warps,
@@ -615,9 +625,10 @@ def _segment_scalars(
     return found
 
 
-_ONE_SPACE: dict[str, int] = {"SEGMENTS": False, **_segment_scalars((), (), ())}
-"""The segment arguments of an e4m3-tile launch over one token space (every one but
-:func:`gather_dequantize_segments` / :func:`quantize_scatter_segments`)."""
+_ONE_SPACE: dict[str, bool] = {"SEGMENTS": False}
+"""The segment argument of an e4m3-tile launch over one token space (every one but
+:func:`gather_dequantize_segments` / :func:`quantize_scatter_segments`); the segment
+scalars keep their defaults (0), unread."""
 
 
 def _loc_firsts(locs: Sequence[torch.Tensor]) -> list[int]:
@@ -658,9 +669,10 @@ def gather_dequantize_segments(
     settings = launch_settings(plan.family, None if INTERPRETED else total, plan.launch)
     grid = (-(-widest // settings.block_tokens), depth)
     with _on_device(first):
-        jit._read_fp8_kernel[grid](
+        launch(jit._read_fp8_kernel, grid,
             out, _raw(first), locs[0], table, widest, *geo.values(), **_kwargs(plan, settings),
-            LAYERED=True, SEGMENTS=True, **_segment_scalars(counts, _loc_firsts(locs), starts),
+            LAYERED=True, SEGMENTS=True,
+            runtime=_segment_scalars(counts, _loc_firsts(locs), starts),
         )  # fmt: skip
 
 
@@ -703,8 +715,8 @@ def quantize_scatter_segments(
     settings = launch_settings(family, None if INTERPRETED else total_rows, plan.launch)
     grid = (-(-widest // settings.block_tokens), depth)
     with _on_device(first):
-        jit._write_fp8_kernel[grid](
+        launch(jit._write_fp8_kernel, grid,
             rows_of[0], _raw(first), locs[0], table, widest, *geo.values(),
             **_kwargs(plan, settings), LAYERED=True, LOC_LAYERS=False, SEGMENTS=True,
-            **_segment_scalars(counts, _loc_firsts(locs), starts),
+            runtime=_segment_scalars(counts, _loc_firsts(locs), starts),
         )  # fmt: skip

@@ -339,3 +339,105 @@ def test_pool_to_pool_row_moves_on_strided_buffers() -> None:
 @pytest.mark.parametrize("spec", ALL_LAYOUTS, ids=layout_id)
 def test_a_strided_view_equals_its_rows_held_contiguously(spec: LayoutSpec, soft: bool) -> None:
     strided_matches_contiguous(spec, 64 if spec.paged else 1, torch.bfloat16, "cuda", ("triton",))
+
+
+def _launches(spec: LayoutSpec, shifts: tuple[int, ...]) -> list[torch.Tensor]:
+    """Reads and writes of ``spec`` into outputs and from values shifted by ``shifts``
+    elements (bf16: 2 bytes each), so their addresses differ modulo 16 from one call to
+    the next; the bytes of every output and the buffer after each write."""
+    page_size, rows = 64, 8 if spec.paged else 512
+    buf = make_buffer(spec, page_size, rows, seed=3, device=DEVICE)
+    capacity = rows * (page_size if spec.paged else 1)
+    results = []
+    for index, (shift, n) in enumerate(zip(shifts, (33, 64, 17, 48, 1, 5), strict=False)):
+        g = torch.Generator(device=DEVICE).manual_seed(index)
+        loc = torch.randperm(capacity, device=DEVICE, generator=g)[:n]
+        room = torch.empty(n * spec.dim + 8, dtype=spec.output_dtype, device=DEVICE)
+        out = room[shift : shift + n * spec.dim].view(n, spec.dim)
+        dequantize(spec, buf, loc, page_size, impl="triton", validate=False, out=out)
+        values = torch.randn(n * spec.dim + 8, device=DEVICE, generator=g).to(torch.bfloat16)
+        quantize(spec, values[shift : shift + n * spec.dim].view(n, spec.dim), buf, loc,
+                 page_size, impl="triton", validate=False)  # fmt: skip
+        results += [as_bytes(out).clone(), as_bytes(buf).clone()]
+    torch.cuda.synchronize()
+    return results
+
+
+@pytest.mark.parametrize("spec", [V4, DSA_FP8, mha_layout(8, 128, torch.bfloat16)], ids=layout_id)
+def test_a_warm_launch_equals_the_dispatchers(
+    spec: LayoutSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Launches past the first skip Triton's dispatcher; they must pick the kernel it would.
+
+    An aligned output first, then outputs and values 2, 4 and 8 bytes off 16 with the
+    same token counts modulo 16: a signature that ignored an address's alignment would
+    reuse the kernel compiled for 16-byte accesses and fault or write the wrong bytes.
+    The second round is all warm launches (none reaches the dispatcher).
+    """
+    from kvcompat.kernels import _fast
+
+    shifts = (0, 1, 2, 4, 0, 1)
+    first = _launches(spec, shifts)
+    cold_calls: list[object] = []
+    remember = _fast._first
+    monkeypatch.setattr(_fast, "_first", lambda *a: (cold_calls.append(a), remember(*a)))
+    again = _launches(spec, shifts)
+    assert cold_calls == []
+    monkeypatch.setattr(_fast, "ENABLED", False)
+    reference = _launches(spec, shifts)
+    assert len(first) == len(again) == len(reference) == 2 * len(shifts)
+    for ours, warm, theirs in zip(first, again, reference, strict=True):
+        assert torch.equal(ours, theirs)
+        assert torch.equal(warm, theirs)
+
+
+def test_a_launch_hook_sees_every_launch() -> None:
+    """A profiler's launch hook (Proton's way in) is called for warm launches too."""
+    import triton
+
+    from kvcompat.kernels import _fast
+
+    assert _fast.ENABLED
+    buf = make_buffer(V4, 64, 4, seed=1, device=DEVICE)
+    loc = torch.arange(10, device=DEVICE)
+    out = torch.empty(10, V4.dim, dtype=V4.output_dtype, device=DEVICE)
+    for _ in range(2):  # the kernel is warm from here on
+        dequantize(V4, buf, loc, 64, impl="triton", validate=False, out=out)
+    seen: list[object] = []
+    triton.knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        for _ in range(3):
+            dequantize(V4, buf, loc, 64, impl="triton", validate=False, out=out)
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert len(seen) == 3
+
+
+def test_warm_segment_launches_take_each_calls_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One launch over three token spaces, then again with other counts of the same
+    signature (equal modulo 16): the warm launch passes this call's counts, locations
+    and row starts (the kernel's run-time scalars), not the first call's."""
+    from kvcompat import _ops
+    from kvcompat.kernels import _fast
+
+    pages = (3, 5, 2)
+    groups = [
+        ([make_buffer(V4, page, 24, seed=10 * s + i, device=DEVICE) for i in range(2)], page)
+        for s, page in enumerate(pages)
+    ]
+    plan = _ops.plan_spaces(V4, groups)
+    assert plan.one_launch("triton", write=False, values_dtype=None)
+    cold: list[object] = []
+    remember = _fast._first
+    for round_, counts in enumerate(((5, 3, 2), (21, 19, 18))):
+        flat = torch.zeros(3 * 32, dtype=torch.int64, device=DEVICE)  # offsets 0, 32, 64
+        for s, (page, count) in enumerate(zip(pages, counts, strict=True)):
+            flat[32 * s : 32 * s + count] = torch.randperm(24 * page, device=DEVICE)[:count]
+        locs = [flat[32 * s : 32 * s + count] for s, count in enumerate(counts)]
+        ours = _ops.read_spaces(plan, locs, impl="triton", validate=False)
+        twin = _ops.read_spaces(plan, locs, impl="torch")
+        for got, want in zip(ours, twin, strict=True):
+            assert torch.equal(as_bytes(got), as_bytes(want)), round_
+        if round_ == 0:
+            monkeypatch.setattr(_fast, "_first", lambda *a: (cold.append(a), remember(*a)))
+    assert cold == []  # the second round was one warm launch

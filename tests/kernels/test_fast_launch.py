@@ -1,0 +1,74 @@
+"""The warm launch's signature and switches (``kvcompat/kernels/_fast.py``), on any machine.
+
+That a warm launch runs the kernel the dispatcher would, byte for byte, is the GPU tier's
+to check (``test_kernels_gpu.py``: ``test_a_warm_launch_equals_the_dispatchers`` and the
+segment and hook cases); these pin what the signature tells apart.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kvcompat.kernels import _fast
+
+
+def test_releases_parse_and_anything_else_is_unknown() -> None:
+    assert _fast._release("3.6.0") == (3, 6)
+    assert _fast._release("3.10.1+git4f2a") == (3, 10)
+    assert _fast._release("nightly") == (0, 0)
+    assert _fast._release(object()) == (0, 0)  # a mocked triton (the docs build)
+    assert _fast._CHECKED[0] <= (3, 6) <= _fast._CHECKED[1]
+
+
+def test_the_signature_tells_apart_what_triton_compiles_by() -> None:
+    sig = _fast._signature
+    backing = torch.zeros(64, dtype=torch.uint8)
+    assert sig(backing[16:]) == sig(backing[32:])  # both 16-byte aligned (offsets from one base)
+    assert sig(backing[16:]) != sig(backing[18:])  # alignment
+    assert sig(backing) != sig(backing.view(torch.int8))  # dtype
+    assert sig(16) == sig(4096)  # both multiples of 16, neither 1
+    assert sig(1) != sig(17)  # Triton folds 1 into the kernel
+    assert sig(5) != sig(6)
+    assert sig(3) != sig(3 + (1 << 32))  # 32 against 64 bits
+    assert sig(True) != sig(1)
+    assert sig(None) is None
+
+
+def test_an_argument_the_signature_cannot_cover_goes_to_the_dispatcher() -> None:
+    with pytest.raises(_fast._UnsupportedArgError):
+        _fast._signature(0.5)
+    with pytest.raises(_fast._UnsupportedArgError):
+        _fast._signature("x")
+
+
+def test_an_interpreted_process_never_bypasses_the_dispatcher() -> None:
+    from kvcompat.kernels import _launch
+
+    if _launch.INTERPRETED:
+        assert not _fast.ENABLED
+
+
+def test_hooks_send_launches_to_the_dispatcher() -> None:
+    import triton
+
+    class Kernel:
+        def __init__(self) -> None:
+            self.pre_run_hooks: list[object] = []
+
+    runtime = triton.knobs.runtime
+    assert not _fast._hooked(Kernel())
+
+    def hook(*_: object) -> None:
+        return None
+
+    runtime.launch_exit_hook.add(hook)
+    try:
+        assert _fast._hooked(Kernel())
+    finally:
+        runtime.launch_exit_hook.remove(hook)
+    hooked = Kernel()
+    hooked.pre_run_hooks.append(hook)
+    assert _fast._hooked(hooked)
