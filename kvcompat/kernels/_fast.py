@@ -10,6 +10,11 @@ integer's value modulo 16, whether it is 1 and whether it fits 32 or 64 bits, an
 constant by name. A signature seen for the first time goes through the dispatcher, which
 compiles (or finds) the kernel, launches it and hands it back.
 
+What a warm launch skips besides the binding: the dispatcher's check that the module
+globals a kernel read when compiled still hold their values (kvcompat's kernels read
+constants only) and its pre-run hooks (none is installed by kvcompat; any installed one
+sends launches back to the dispatcher).
+
 The dispatcher serves every launch instead under the interpreter, while a launch hook (a
 profiler such as Proton) or a pre-run hook is installed, for argument types the signature
 does not cover, and on Triton releases whose launcher this was not checked against.
@@ -102,7 +107,7 @@ def launch(
         )  # fmt: skip
         if runtime is not None:
             key += (tuple((k, _signature(v)) for k, v in runtime.items()),)
-    except _UnsupportedArgError:
+    except (_UnsupportedArgError, TypeError):  # an unhashable constant: the dispatcher's
         kernel[grid](*args, **named)
         return
     entry = _entries.get(key)
