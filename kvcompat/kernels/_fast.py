@@ -112,7 +112,7 @@ def launch(
         return
     entry = _entries.get(key)
     if entry is None:
-        _first(key, kernel, grid, args, named)
+        _first(key, kernel, grid, args, named, runtime)
         return
     run, function, metadata, tail, places = entry
     if runtime is not None:
@@ -124,15 +124,35 @@ def launch(
     run(grid[0], grid[1], 1, stream, function, metadata, None, None, None, *args, *tail)
 
 
+def _keyable(kernel: Any, positional: int, runtime: Any) -> bool:
+    """Whether the signature covers a launch of ``kernel``.
+
+    It does unless a ``tl.constexpr`` parameter is among the ``positional`` arguments or
+    the ``runtime`` names: those are keyed by their signature only, and a constant's exact
+    value picks the compiled kernel.
+    """
+    names = set(runtime or ())
+    return not any(
+        p.is_constexpr for i, p in enumerate(kernel.params) if i < positional or p.name in names
+    )
+
+
 def _first(
     key: tuple[object, ...],
     kernel: Any,
     grid: tuple[int, int],
     args: tuple[object, ...],
     named: dict[str, object],
+    runtime: Any,
 ) -> None:
-    """Launch through the dispatcher and remember the compiled kernel it used."""
+    """Launch through the dispatcher and remember the compiled kernel it used.
+
+    Only where the signature covers the launch (:func:`_keyable`); else every such launch
+    stays with the dispatcher.
+    """
     compiled = kernel.run(*args, grid=grid, warmup=False, **named)
+    if not _keyable(kernel, len(args), runtime):
+        return
     if hasattr(compiled, "result"):  # compiled asynchronously
         compiled = compiled.result()
     params = kernel.params[len(args) :]

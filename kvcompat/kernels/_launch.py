@@ -365,18 +365,9 @@ def _write(
             }.get(family, jit._write_fp8_kernel)
             if kernel is jit._write_fp8_kernel:
                 extra.update(_ONE_SPACE)
-            launch(
-                kernel,
-                grid,
-                rows,
-                _raw(buf),
-                loc,
-                table,
-                n,
-                *geo.values(),
-                **_kwargs(plan, settings),
-                **extra,
-            )
+            launch(kernel, grid,
+                rows, _raw(buf), loc, table, n, *geo.values(), **_kwargs(plan, settings), **extra,
+            )  # fmt: skip
 
 
 # ------------------------------------------------------------------ many layers, one launch

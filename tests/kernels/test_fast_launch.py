@@ -72,3 +72,20 @@ def test_hooks_send_launches_to_the_dispatcher() -> None:
     hooked = Kernel()
     hooked.pre_run_hooks.append(hook)
     assert _fast._hooked(hooked)
+
+
+def test_a_constant_passed_by_position_or_as_run_time_is_never_remembered() -> None:
+    """The signature keys positional and run-time arguments by their properties only, so
+    a ``tl.constexpr`` among them (whose exact value picks the compiled kernel) must keep
+    every such launch with the dispatcher; checked on the shipped kernels' parameters."""
+    from kvcompat.kernels import _triton as jit
+
+    kernel = jit._read_fp8_kernel
+    if not hasattr(kernel, "params"):
+        pytest.skip("interpreted kernels (no parameters to read; launches never bypass there)")
+    first_constant = next(i for i, p in enumerate(kernel.params) if p.is_constexpr)
+    assert first_constant == 10  # out, buf, loc, table, n and the five geometry numbers
+    assert _fast._keyable(kernel, first_constant, None)
+    assert _fast._keyable(kernel, first_constant, {"n0": 3, "row2": 16})
+    assert not _fast._keyable(kernel, first_constant + 1, None)
+    assert not _fast._keyable(kernel, first_constant, {"SEGMENTS": True})
